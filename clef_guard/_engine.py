@@ -1,0 +1,360 @@
+"""``LocalDecisionModel``: an in-process, one-pass decision engine for any causal LM.
+
+How one request is answered (see :mod:`clef_guard._prompt` for the layout):
+
+1. the state is serialised into segments and tokenized after a fixed header; a state
+   longer than the context window keeps its beginning and its most recent tokens;
+2. the prefix is prefilled once, reusing the longest cached prefix from earlier calls;
+3. every question and every option of every question go through *one* more forward
+   pass, as branches of a tree: a 4-D attention mask lets each branch see the prefix and
+   itself only, so questions never see each other and nothing is generated;
+4. each option gets the backbone's mean log-probability of its tokens and the hidden
+   state of its closing token; the decision head (or the backbone alone) turns these
+   into logits, and a softmax per question into probabilities.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, Question, State
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from clef_guard._answers import build_answer
+from clef_guard._backbone import EMBEDDED_MODEL, Backbone, load_backbone
+from clef_guard._errors import EngineError, RequestError
+from clef_guard._head import HEAD_FILE, DecisionHead
+from clef_guard._prefix_cache import PrefixCache
+from clef_guard._prompt import PromptLayout
+from clef_guard._requests import ParsedQuestion, parse_questions
+from clef_guard._state import state_segments
+
+_OMITTED = "[... earlier turns omitted ...]\n"
+_LOGIT_CHUNK = 256
+
+
+class LocalClassifierResponse(ClassifierResponse):
+    """A ``ClassifierResponse`` with what the local engine did to the state."""
+
+    truncated_tokens: int = 0
+    """State tokens cut to fit the context window (beginning and latest turns are kept)."""
+
+    cached_tokens: int = 0
+    """Prefix tokens served from the prefix cache instead of being recomputed."""
+
+
+@dataclass(frozen=True)
+class OptionFeatures:
+    """What the engine read for each option of one question, in option order."""
+
+    question: ParsedQuestion
+    hidden: torch.Tensor
+    """``[n_options, hidden_size]``: hidden state of each option's closing token."""
+    lm_logprob: torch.Tensor
+    """``[n_options]``: mean log-probability of each option's tokens."""
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """Features of every question of one request, with token accounting."""
+
+    features: list[OptionFeatures]
+    input_tokens: int
+    cached_tokens: int
+    truncated_tokens: int
+
+
+@dataclass(frozen=True)
+class _Branch:
+    question: ParsedQuestion
+    question_tokens: list[int]
+    option_tokens: list[list[int]]
+
+    @property
+    def length(self) -> int:
+        return len(self.question_tokens) + sum(len(option) for option in self.option_tokens)
+
+
+class LocalDecisionModel(BaseDecisionModel):
+    """A ``BaseDecisionModel`` that runs a Hugging Face causal LM in this process.
+
+    ``LocalDecisionModel()`` loads the embedded default (SmolLM2-135M-Instruct). Pass
+    ``model=`` a hub id or a local path for any other causal LM, ``adapter=`` a peft
+    LoRA folder, and ``head=`` a decision head file (by default the adapter's
+    ``decision_head.safetensors`` when it has one).
+
+    Examples
+    --------
+    >>> from langchain_core.decisions import Noul
+    >>> engine = LocalDecisionModel()
+    >>> response = engine.invoke({
+    ...     "state": "rm -rf /var/lib/postgres",
+    ...     "questions": {"destructive": Noul(instructions="Does this delete data?")},
+    ... })
+    >>> 0.0 <= response.nouls["destructive"].noul <= 1.0
+    True
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: str = EMBEDDED_MODEL
+    """The embedded default's name, a Hugging Face hub id, or a local model folder."""
+    adapter: str | None = None
+    """A peft (LoRA) adapter folder to apply to the backbone."""
+    head: str | None = None
+    """A decision head file; defaults to the adapter's ``decision_head.safetensors``."""
+    device: str = "auto"
+    """``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``, ..."""
+    dtype: str | None = None
+    """``"float32"``, ``"bfloat16"`` or ``"float16"``; default bfloat16 on CUDA, float32 on CPU."""
+    max_state_tokens: int | None = Field(default=None, ge=64)
+    """Cap on state tokens; the backbone's context window (less the questions) otherwise."""
+    prefix_cache_size: int = Field(default=8, ge=0)
+    """How many state prefixes keep their KV cache (0 turns the cache off)."""
+    max_tree_tokens: int = Field(default=4096, ge=64)
+    """Most question and option tokens scored in one forward pass; more take several."""
+
+    _backbone: Backbone = PrivateAttr()
+    _layout: PromptLayout = PrivateAttr()
+    _head: DecisionHead | None = PrivateAttr(default=None)
+    _prefix_cache: PrefixCache = PrivateAttr()
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Load the backbone, adapter and head once, when the engine is built."""
+        self._backbone = load_backbone(self.model, adapter=self.adapter, device=self.device, dtype=self.dtype)
+        self._layout = PromptLayout.for_tokenizer(self._backbone.tokenizer)
+        head_path = self.head or (str(Path(self.adapter) / HEAD_FILE) if self.adapter else None)
+        if head_path and Path(head_path).exists():
+            self._head = DecisionHead.load(head_path, self._backbone.hidden_size).to(self._backbone.device).eval()
+        elif self.head:
+            from clef_guard._errors import ModelLoadError
+
+            raise ModelLoadError(f"decision head {self.head!r} does not exist")
+        self._prefix_cache = PrefixCache(self.prefix_cache_size)
+
+    @property
+    def _provider(self) -> str:
+        return "clef_guard"
+
+    @property
+    def backbone(self) -> Backbone:
+        """The loaded backbone (model, tokenizer, device), for training and benchmarks."""
+        return self._backbone
+
+    @property
+    def decision_head(self) -> DecisionHead | None:
+        """The trained decision head, or ``None`` when the backbone answers alone."""
+        return self._head
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached state prefix."""
+        with self._lock:
+            self._prefix_cache.clear()
+
+    def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
+        parsed = parse_questions(questions)
+        encoded = self.encode(state, parsed)
+        answers = {}
+        with torch.inference_mode():
+            for features in encoded.features:
+                logits = self.option_logits(features)
+                probabilities = torch.softmax(logits.double(), dim=-1).tolist()
+                answers[features.question.id] = build_answer(features.question, probabilities)
+        return LocalClassifierResponse(
+            model=self.model,
+            answers=answers,
+            usage={
+                "input_tokens": encoded.input_tokens,
+                "output_tokens": 0,
+                "input_token_details": {"cache_read": encoded.cached_tokens},
+            },
+            truncated_tokens=encoded.truncated_tokens,
+            cached_tokens=encoded.cached_tokens,
+        )
+
+    def option_logits(self, features: OptionFeatures) -> torch.Tensor:
+        """Option logits for one question: the head's, or the backbone's log-probabilities."""
+        if self._head is None:
+            return features.lm_logprob.float()
+        return self._head(features.hidden, features.lm_logprob.float(), features.question.kind)
+
+    def encode(self, state: State, questions: Sequence[ParsedQuestion]) -> EncodedRequest:
+        """Run the backbone once over ``state`` and every option of ``questions``."""
+        branches = [self._branch(question) for question in questions]
+        with self._lock, torch.inference_mode():
+            prefix, truncated = self._prefix_tokens(state, max(branch.length for branch in branches))
+            try:
+                kv, cached = self._prefill(prefix)
+                features: list[OptionFeatures] = []
+                for group in self._passes(branches):
+                    features.extend(self._score_branches(kv, len(prefix), group))
+            except RequestError:
+                raise
+            except Exception as exc:
+                self._prefix_cache.discard(prefix)
+                raise EngineError(f"the engine failed on this request: {exc}") from exc
+        return EncodedRequest(
+            features=features,
+            input_tokens=len(prefix) + sum(branch.length for branch in branches),
+            cached_tokens=cached,
+            truncated_tokens=truncated,
+        )
+
+    def _branch(self, question: ParsedQuestion) -> _Branch:
+        return _Branch(
+            question,
+            self._layout.question_tokens(question),
+            [self._layout.option_tokens(label) for label in question.options],
+        )
+
+    def _prefix_tokens(self, state: State, longest_branch: int) -> tuple[tuple[int, ...], int]:
+        """Header and state tokens, cut to fit the context window; and how many were cut."""
+        header = list(self._layout.header)
+        body = [token for segment in state_segments(state) for token in self._layout.state_tokens(segment)]
+        window = self._backbone.context_window - longest_branch
+        budget = min(window, len(header) + self.max_state_tokens) if self.max_state_tokens else window
+        if len(header) + len(body) <= budget:
+            return tuple(header + body), 0
+        marker = self._layout.state_tokens(_OMITTED)
+        keep = budget - len(header) - len(marker)
+        if keep < 16:
+            raise RequestError(
+                f"the questions take {longest_branch} of the backbone's {self._backbone.context_window} "
+                "tokens and leave no room for the state; shorten the instructions or options",
+                field="questions",
+            )
+        head_keep = keep // 4
+        tail = body[len(body) - (keep - head_keep) :]
+        return tuple(header + body[:head_keep] + marker + tail), len(body) - keep
+
+    def _prefill(self, prefix: tuple[int, ...]) -> tuple[Any, int]:
+        """KV cache of ``prefix``, computing only what the prefix cache does not hold."""
+        hit, cached_kv = self._prefix_cache.longest_prefix(prefix)
+        if hit == len(prefix):
+            return cached_kv, hit
+        if cached_kv is None:
+            from transformers import DynamicCache
+
+            kv = DynamicCache(config=self._backbone.lm.config)
+        else:
+            kv = copy.deepcopy(cached_kv)
+        self._run(prefix[hit:], kv, positions=range(hit, len(prefix)))
+        self._prefix_cache.put(prefix, kv)
+        return kv, hit
+
+    def _passes(self, branches: list[_Branch]) -> list[list[_Branch]]:
+        """Group branches into forward passes of at most ``max_tree_tokens`` tokens."""
+        groups: list[list[_Branch]] = [[]]
+        size = 0
+        for branch in branches:
+            if groups[-1] and size + branch.length > self.max_tree_tokens:
+                groups.append([])
+                size = 0
+            groups[-1].append(branch)
+            size += branch.length
+        return groups
+
+    def _score_branches(self, kv: Any, prefix_len: int, branches: list[_Branch]) -> list[OptionFeatures]:
+        """One forward pass over a tree of branches on top of the prefix's KV cache."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        segment_start: list[int] = []
+        question_span: list[tuple[int, int]] = []
+        spans: list[list[tuple[int, int]]] = []
+        for branch in branches:
+            q_start = len(tokens)
+            q_len = len(branch.question_tokens)
+            tokens += branch.question_tokens
+            positions += range(prefix_len, prefix_len + q_len)
+            segment_start += [q_start] * q_len
+            question_span += [(q_start, q_start + q_len)] * q_len
+            option_spans = []
+            for option in branch.option_tokens:
+                start = len(tokens)
+                tokens += option
+                positions += range(prefix_len + q_len, prefix_len + q_len + len(option))
+                segment_start += [start] * len(option)
+                question_span += [(q_start, q_start + q_len)] * len(option)
+                option_spans.append((start, len(tokens)))
+            spans.append(option_spans)
+        mask = self._tree_mask(prefix_len, segment_start, question_span)
+        try:
+            hidden = self._run(tokens, kv, positions=positions, mask=mask)
+        finally:
+            extra = kv.get_seq_length() - prefix_len
+            if extra:
+                kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
+        logprobs = self._target_logprobs(hidden, branches, spans)
+        features = []
+        for branch, option_spans, option_logprobs in zip(branches, spans, logprobs, strict=True):
+            closing = torch.tensor([end - 1 for _, end in option_spans], device=hidden.device)
+            features.append(OptionFeatures(branch.question, hidden[closing].float(), option_logprobs))
+        return features
+
+    def _tree_mask(self, prefix_len: int, segment_start: list[int], question_span: list[tuple[int, int]]) -> torch.Tensor:
+        """Additive ``[1, 1, L, prefix + L]`` mask: prefix, own question, own segment, causal."""
+        device = self._backbone.device
+        length = len(segment_start)
+        rows = torch.arange(length, device=device)[:, None]
+        cols = torch.arange(length, device=device)[None, :]
+        starts = torch.tensor(segment_start, device=device)[:, None]
+        q_bounds = torch.tensor(question_span, device=device)
+        in_question = (cols >= q_bounds[:, :1]) & (cols < q_bounds[:, 1:])
+        in_segment = cols >= starts
+        allowed = (in_question | in_segment) & (cols <= rows)
+        allowed = torch.cat([torch.ones(length, prefix_len, dtype=torch.bool, device=device), allowed], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=self._backbone.dtype, device=device)
+        mask.masked_fill_(~allowed, torch.finfo(self._backbone.dtype).min)
+        return mask[None, None]
+
+    def _run(self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Decoder forward over ``tokens`` appended to ``kv``; returns ``[len, hidden]``."""
+        device = self._backbone.device
+        output = self._backbone.decoder(
+            input_ids=torch.tensor([list(tokens)], device=device),
+            position_ids=torch.tensor([list(positions)], device=device),
+            attention_mask=mask,
+            use_cache=True,
+            **{self._backbone.cache_kw: kv},
+        )
+        return output.last_hidden_state[0]
+
+    def _target_logprobs(
+        self, hidden: torch.Tensor, branches: list[_Branch], spans: list[list[tuple[int, int]]]
+    ) -> list[torch.Tensor]:
+        """Mean log-probability of each option's tokens, per branch, in chunks over the vocabulary."""
+        predictors: list[int] = []
+        targets: list[int] = []
+        owners: list[int] = []
+        option_index = 0
+        for branch, option_spans in zip(branches, spans, strict=True):
+            question_last = option_spans[0][0] - 1  # the options follow their question
+            for option, (start, _) in zip(branch.option_tokens, option_spans, strict=True):
+                predictors += [question_last, *range(start, start + len(option) - 1)]
+                targets += option
+                owners += [option_index] * len(option)
+                option_index += 1
+        device = hidden.device
+        predictor_t = torch.tensor(predictors, device=device)
+        target_t = torch.tensor(targets, device=device)
+        token_logprobs = torch.empty(len(predictors), dtype=torch.float32, device=device)
+        for start in range(0, len(predictors), _LOGIT_CHUNK):
+            chunk = slice(start, start + _LOGIT_CHUNK)
+            logits = self._backbone.lm_head(hidden[predictor_t[chunk]]).float()
+            token_logprobs[chunk] = logits.log_softmax(-1).gather(-1, target_t[chunk, None]).squeeze(-1)
+        owner_t = torch.tensor(owners, device=device)
+        sums = torch.zeros(option_index, dtype=torch.float32, device=device).index_add_(0, owner_t, token_logprobs)
+        counts = torch.bincount(owner_t, minlength=option_index).float()
+        means = sums / counts
+        result, offset = [], 0
+        for branch in branches:
+            result.append(means[offset : offset + len(branch.option_tokens)])
+            offset += len(branch.option_tokens)
+        return result

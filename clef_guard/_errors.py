@@ -1,0 +1,53 @@
+"""Every error clef-guard raises, in one tree.
+
+::
+
+    ClefGuardError
+    ├── RequestError            a ClassifierRequest the engine cannot answer
+    │   └── UnsupportedQuestionError
+    ├── ModelLoadError          a backbone, adapter or head that cannot be loaded
+    └── EngineError             the engine failed while answering
+        └── EngineTimeoutError
+
+Each message names what is at fault (a question id and field, a path) and what to do.
+"""
+
+from __future__ import annotations
+
+
+class ClefGuardError(Exception):
+    """Base class of every error raised by clef-guard."""
+
+
+class RequestError(ClefGuardError, ValueError):
+    """A request the engine cannot answer as written.
+
+    ``question`` is the id of the question at fault (``None`` for the request itself)
+    and ``field`` the field inside it, so a caller can point at the exact place.
+    """
+
+    def __init__(self, message: str, *, question: str | None = None, field: str | None = None) -> None:
+        where = ""
+        if question is not None:
+            where = f"question {question!r}" + (f", field {field!r}" if field else "") + ": "
+        elif field is not None:
+            where = f"field {field!r}: "
+        super().__init__(where + message)
+        self.question = question
+        self.field = field
+
+
+class UnsupportedQuestionError(RequestError):
+    """A question type this engine does not answer (``Box``)."""
+
+
+class ModelLoadError(ClefGuardError):
+    """A backbone, adapter or decision head that cannot be loaded."""
+
+
+class EngineError(ClefGuardError):
+    """The engine failed while answering a request."""
+
+
+class EngineTimeoutError(EngineError, TimeoutError):
+    """The engine did not answer within the allowed time."""
