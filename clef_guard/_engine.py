@@ -28,7 +28,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from clef_guard._answers import build_answer
 from clef_guard._backbone import EMBEDDED_MODEL, Backbone, load_backbone
-from clef_guard._errors import EngineError, RequestError
+from clef_guard._errors import EngineError, ModelLoadError, RequestError
 from clef_guard._head import HEAD_FILE, DecisionHead
 from clef_guard._prefix_cache import PrefixCache
 from clef_guard._prompt import PromptLayout
@@ -134,8 +134,6 @@ class LocalDecisionModel(BaseDecisionModel):
         if head_path and Path(head_path).exists():
             self._head = DecisionHead.load(head_path, self._backbone.hidden_size).to(self._backbone.device).eval()
         elif self.head:
-            from clef_guard._errors import ModelLoadError
-
             raise ModelLoadError(f"decision head {self.head!r} does not exist")
         self._prefix_cache = PrefixCache(self.prefix_cache_size)
 

@@ -17,7 +17,8 @@ lists them cannot change the answer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from clef_guard._requests import ParsedQuestion
@@ -41,6 +42,7 @@ class PromptLayout:
     _tokenizer: Any
     _question_before: str
     _question_after: str
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> PromptLayout:
@@ -58,7 +60,7 @@ class PromptLayout:
         header, rest = rendered.split(_STATE_SLOT)
         before, after = rest.split(_QUESTION_SLOT)
         bos = tokenizer.bos_token_id
-        header_ids = _encode(tokenizer, header, split_special=False)
+        header_ids = _encode(tokenizer, header, split_special=False)  # not shared yet: no lock needed
         if bos is not None and _adds_bos(tokenizer) and (not header_ids or header_ids[0] != bos):
             header_ids = [bos, *header_ids]
         eos = tokenizer.eos_token_id
@@ -67,16 +69,21 @@ class PromptLayout:
 
     def state_tokens(self, segment: str) -> list[int]:
         """Tokens of one state segment; special tokens in it are split, never obeyed."""
-        return _encode(self._tokenizer, segment + "\n", split_special=True)
+        return self._encode(segment + "\n", split_special=True)
 
     def question_tokens(self, question: ParsedQuestion) -> list[int]:
         """Tokens of one question branch up to where its answer starts."""
         text = self._question_before + render_question(question) + self._question_after
-        return _encode(self._tokenizer, text, split_special=False)
+        return self._encode(text, split_special=False)
 
     def option_tokens(self, label: str) -> list[int]:
         """Tokens of one answer option, closed by the end-of-turn token."""
-        return [*_encode(self._tokenizer, label, split_special=True), self.terminator]
+        return [*self._encode(label, split_special=True), self.terminator]
+
+    def _encode(self, text: str, *, split_special: bool) -> list[int]:
+        # Fast tokenizers flip a shared flag for split_special_tokens: one call at a time.
+        with self._lock:
+            return _encode(self._tokenizer, text, split_special=split_special)
 
 
 def render_question(question: ParsedQuestion) -> str:

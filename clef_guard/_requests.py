@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from langchain_core.decisions import Box, Choice, Noul, Score
+from langchain_core.decisions import Box, Choice, Noul, Question, Score
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from clef_guard._errors import RequestError, UnsupportedQuestionError
@@ -24,7 +24,7 @@ MIN_SCORE_LEVELS = 2
 QuestionKind = Literal["noul", "choice", "score"]
 NOUL_OPTIONS: tuple[str, str] = ("no", "yes")
 
-_QUESTION_ADAPTER: TypeAdapter[Noul | Choice | Score | Box] = TypeAdapter(Noul | Choice | Score | Box)
+_QUESTION_ADAPTER: TypeAdapter[Noul | Choice | Score | Box] = TypeAdapter(Question)
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,10 @@ def _coerce(qid: str, raw: Any) -> Noul | Choice | Score | Box:
         return _QUESTION_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "type"
+        location = [str(part) for part in first["loc"]]
+        if location and location[0] in ("noul", "choice", "score", "box"):
+            location = location[1:]  # the discriminator's tag, not a field
+        field = ".".join(location) or "type"
         raise RequestError(
             f"{first['msg']}; write a noul, choice or score as in langchain_core.decisions",
             question=qid,

@@ -1,0 +1,58 @@
+"""A peft LoRA adapter and a decision head load with the backbone and change its answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from langchain_core.decisions import Noul
+from peft import LoraConfig, get_peft_model
+
+from clef_guard import DecisionHead, LocalDecisionModel, ModelLoadError
+from clef_guard._backbone import embedded_model_path
+
+REQUEST = {"state": "rm -rf /srv/backups", "questions": {"d": Noul(instructions="Does this delete data?")}}
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory: pytest.TempPathFactory, engine: LocalDecisionModel) -> Path:
+    """A real LoRA adapter (random, non-zero B) with a decision head beside it."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("adapter")
+    base = AutoModelForCausalLM.from_pretrained(embedded_model_path())
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(folder)
+    head = DecisionHead(engine.backbone.hidden_size)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(head.proj.weight, std=0.05)
+    head.save(folder / "decision_head.safetensors")
+    return folder
+
+
+def test_adapter_and_head_change_the_answers(engine: LocalDecisionModel, adapter_dir: Path) -> None:
+    tuned = LocalDecisionModel(adapter=str(adapter_dir))
+    assert tuned.decision_head is not None
+    base_p = engine.invoke(REQUEST).nouls["d"].noul
+    tuned_p = tuned.invoke(REQUEST).nouls["d"].noul
+    assert abs(base_p - tuned_p) > 1e-3
+    assert 0.0 <= tuned_p <= 1.0
+
+
+def test_head_round_trips_through_its_file(engine: LocalDecisionModel, adapter_dir: Path) -> None:
+    loaded = DecisionHead.load(adapter_dir / "decision_head.safetensors", engine.backbone.hidden_size)
+    hidden = torch.randn(3, engine.backbone.hidden_size)
+    logits = loaded(hidden, torch.zeros(3), "noul")
+    assert logits.shape == (3,) and logits.abs().sum() > 0
+
+
+def test_bad_adapter_and_head_paths_fail_clearly(tmp_path: Path, engine: LocalDecisionModel) -> None:
+    with pytest.raises(ModelLoadError, match="adapter_config.json"):
+        LocalDecisionModel(adapter=str(tmp_path))
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        LocalDecisionModel(head=str(tmp_path / "missing.safetensors"))
+    narrow = tmp_path / "narrow.safetensors"
+    DecisionHead(8).save(narrow)
+    with pytest.raises(ModelLoadError, match="hidden size is 576"):
+        DecisionHead.load(narrow, engine.backbone.hidden_size)
