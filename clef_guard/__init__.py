@@ -8,9 +8,18 @@ from clef_guard._errors import ClefGuardError as ClefGuardError
 from clef_guard._errors import EngineError as EngineError
 from clef_guard._errors import EngineTimeoutError as EngineTimeoutError
 from clef_guard._errors import ModelLoadError as ModelLoadError
+from clef_guard._errors import PolicyError as PolicyError
 from clef_guard._errors import RequestError as RequestError
 from clef_guard._errors import UnsupportedQuestionError as UnsupportedQuestionError
+from clef_guard._gate import Guard as Guard
+from clef_guard._gate import PolicyDecision as PolicyDecision
+from clef_guard._gate import Verdict as Verdict
+from clef_guard._gate import load_calibration as load_calibration
 from clef_guard._head import DecisionHead as DecisionHead
+from clef_guard._policy import Policy as Policy
+from clef_guard._policy import load_policies as load_policies
+from clef_guard._policy import load_policy as load_policy
+from clef_guard._policy import parse_policy as parse_policy
 
 __all__ = [
     "CACHE_ENV",
@@ -19,9 +28,18 @@ __all__ = [
     "DecisionHead",
     "EngineError",
     "EngineTimeoutError",
+    "Guard",
     "LocalClassifierResponse",
     "LocalDecisionModel",
     "ModelLoadError",
+    "Policy",
+    "PolicyDecision",
+    "PolicyError",
     "RequestError",
     "UnsupportedQuestionError",
+    "Verdict",
+    "load_calibration",
+    "load_policies",
+    "load_policy",
+    "parse_policy",
 ]

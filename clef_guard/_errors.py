@@ -5,6 +5,7 @@
     ClefGuardError
     ├── RequestError            a ClassifierRequest the engine cannot answer
     │   └── UnsupportedQuestionError
+    ├── PolicyError             a policy file that cannot be loaded as written
     ├── ModelLoadError          a backbone, adapter or head that cannot be loaded
     └── EngineError             the engine failed while answering
         └── EngineTimeoutError
@@ -39,6 +40,34 @@ class RequestError(ClefGuardError, ValueError):
 
 class UnsupportedQuestionError(RequestError):
     """A question type this engine does not answer (``Box``)."""
+
+
+class PolicyError(ClefGuardError, ValueError):
+    """A policy (or calibration) file that cannot be loaded as written.
+
+    The message reads ``file:line:column: field: problem (hint)`` so editors and CI
+    logs can jump to the spot; the parts are also attributes.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        where = ":".join(str(part) for part in (file or "<policy>", line, column) if part is not None)
+        text = f"{where}: " + (f"{field}: " if field else "") + problem + (f" ({hint})" if hint else "")
+        super().__init__(text)
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.column = column
+        self.field = field
+        self.hint = hint
 
 
 class ModelLoadError(ClefGuardError):

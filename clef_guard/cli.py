@@ -1,0 +1,137 @@
+"""The ``clef-guard`` command line.
+
+    clef-guard lint PATH...                       check policy files (exit 1 on errors)
+    clef-guard explain --policy FILE --tool-call JSON [--state FILE] [--json]
+                                                  ask the engine, show answers, rules, verdict
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from clef_guard._errors import ClefGuardError, PolicyError
+from clef_guard._gate import Guard, Verdict, rule_trace
+from clef_guard._policy import Policy, load_policy
+from clef_guard._prompt import render_question
+from clef_guard._requests import parse_questions
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="clef-guard", description="Calibrated guardrails for agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    lint = commands.add_parser("lint", help="check policy files")
+    lint.add_argument("paths", nargs="+", type=Path, help="policy files or folders")
+    explain = commands.add_parser("explain", help="show how a policy decides one tool call")
+    explain.add_argument("--policy", type=Path, required=True, help="a policy file")
+    explain.add_argument("--tool-call", required=True, help='JSON: {"name": ..., "args": {...}}')
+    explain.add_argument("--state", type=Path, help="a JSON file with the state (messages, fields)")
+    explain.add_argument("--phase", default=None, help="before_tool, after_tool or route (default: the policy's)")
+    explain.add_argument("--step", default=None, help="graph step or route name")
+    explain.add_argument("--model", default=None, help="engine backbone (default: the embedded model)")
+    explain.add_argument("--adapter", default=None, help="peft adapter folder for the engine")
+    explain.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    console = Console()
+    if args.command == "lint":
+        return _lint(args.paths, console)
+    try:
+        return _explain(args, console)
+    except ClefGuardError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+
+
+def _lint(paths: list[Path], console: Console) -> int:
+    files = [f for p in paths for f in (sorted(p.glob("*.y*ml")) if p.is_dir() else [p])]
+    errors = 0
+    for file in files:
+        try:
+            policy = load_policy(file)
+        except PolicyError as exc:
+            errors += 1
+            console.print(f"[red]✗[/red] {exc}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"[green]✓[/green] {file}: {policy.name} ({len(policy.questions)} questions, {len(policy.rules)} rules)", highlight=False)
+    if not files:
+        console.print("[red]✗[/red] no policy files found")
+        return 1
+    return 1 if errors else 0
+
+
+def _explain(args: argparse.Namespace, console: Console) -> int:
+    policy = load_policy(args.policy)
+    try:
+        tool_call = json.loads(args.tool_call)
+        state = json.loads(args.state.read_text(encoding="utf-8")) if args.state else None
+    except (json.JSONDecodeError, OSError) as exc:
+        raise PolicyError(f"cannot read the tool call or state: {exc}", field="--tool-call/--state") from None
+    if not isinstance(tool_call, dict):
+        raise PolicyError("the tool call must be a JSON object", field="--tool-call")
+    from clef_guard._engine import LocalDecisionModel
+
+    with console.status("Loading the engine..."):
+        engine = LocalDecisionModel(**{k: v for k, v in {"model": args.model, "adapter": args.adapter}.items() if v})
+    guard = Guard([policy], engine=engine, human_review=True)
+    phase = args.phase or policy.applies_to.phase
+    verdict = guard.check(tool_call, state, phase=phase, step=args.step)
+    decision = verdict.decisions[0] if verdict.decisions else None
+    trace = rule_trace(policy, decision.answers, verdict.tool_call, {}) if decision and decision.answers else []
+    if args.json:
+        print(json.dumps({"verdict": verdict.to_dict(), "rule_trace": [{"rule": r, "result": v} for r, v in trace]}, indent=2, default=str))
+    else:
+        _print_explanation(console, policy, verdict, trace)
+    return 0
+
+
+def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace: list[tuple[str, bool | str]]) -> None:
+    console.rule(f"{policy.name} on {verdict.tool_call['name']}")
+    if not verdict.decisions:
+        console.print("The policy does not apply to this call: [green]allow[/green].")
+        return
+    decision = verdict.decisions[0]
+    questions = Table(title="Questions and answers", show_lines=True)
+    questions.add_column("question")
+    questions.add_column("asked")
+    questions.add_column("answer")
+    for parsed in parse_questions(policy.questions):
+        answer = decision.answers.get(parsed.id)
+        questions.add_row(parsed.id, render_question(parsed), _format_answer(answer) if answer else "[red]no answer[/red]")
+    console.print(questions)
+    rules = Table(title="Rules, in order")
+    rules.add_column("rule")
+    rules.add_column("when")
+    rules.add_column("then")
+    rules.add_column("holds")
+    outcomes = dict(trace)
+    for rule in policy.rules:
+        outcome = outcomes.get(rule.id, "not evaluated")
+        mark = "[green]yes[/green]" if outcome is True else ("no" if outcome is False else f"[red]{outcome}[/red]")
+        rules.add_row(rule.id, rule.source, rule.then, mark)
+    console.print(rules)
+    console.print(f"thresholds: {decision.thresholds}  calibrated: {decision.calibrated}")
+    colour = {"allow": "green", "confirm": "yellow", "escalate": "magenta", "deny": "red"}[verdict.action]
+    by = f"rule {verdict.rule}" if verdict.rule else "the policy's default"
+    console.print(f"verdict: [bold {colour}]{verdict.action}[/bold {colour}] by {by}: {verdict.message or '-'}  ({verdict.latency_ms:.0f} ms)")
+    if verdict.error:
+        console.print(f"[red]error:[/red] {verdict.error}")
+
+
+def _format_answer(answer: Any) -> str:
+    if answer.type == "noul":
+        return f"P(yes) = {answer.noul:.3f}"
+    probabilities = "\n".join(f"{k}: {v:.3f}" for k, v in answer.probabilities.items())
+    head = f"{answer.choice}" if answer.type == "choice" else f"score {answer.score:.2f}"
+    return f"{head} (confidence {answer.confidence:.2f})\n{probabilities}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Rule evaluation, combination, escalation and failure handling, with a scripted model."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+
+from clef_guard import Guard, PolicyError, parse_policy
+from model import ScriptedDecisionModel
+
+DESTRUCTIVE = textwrap.dedent(
+    """\
+    version: 1
+    name: destructive
+    applies_to: {tools: [delete_*, drop_*]}
+    questions:
+      destructive: {type: noul, instructions: 'Would this delete data?'}
+      scope:
+        type: score
+        instructions: 'How much data is affected?'
+        criteria: [one item, a folder, everything]
+    thresholds: {destructive: 0.8, unsure: 0.4}
+    rules:
+      - {id: hard-stop, when: 'has(tool.args.path) && tool.args.path == "/"', then: deny, message: never the root}
+      - {id: big, when: 'answers.destructive >= thresholds.destructive && answers.scope.score >= 1.5', then: escalate, message: big delete}
+      - {id: sure, when: 'answers.destructive >= thresholds.destructive', then: confirm, message: confirm the delete}
+      - {id: unsure, when: 'answers.destructive >= thresholds.unsure', then: escalate, message: not sure}
+    """
+)
+OUTBOUND = textwrap.dedent(
+    """\
+    version: 1
+    name: outbound
+    applies_to: {tools: [send_*, delete_*]}
+    questions:
+      external: {type: noul, instructions: 'Does this leave the company?'}
+    thresholds: {external: 0.5}
+    rules:
+      - {id: external, when: 'answers.external >= thresholds.external', then: confirm, message: leaves the company}
+    """
+)
+
+
+def _guard(script: dict[str, Any], *policies: str, **kwargs: Any) -> tuple[Guard, ScriptedDecisionModel]:
+    engine = ScriptedDecisionModel(script=script)
+    return Guard([parse_policy(p) for p in policies or (DESTRUCTIVE,)], engine=engine, **kwargs), engine
+
+
+@pytest.mark.parametrize(
+    ("args", "script", "action", "rule"),
+    [
+        ({"path": "/"}, {"delete": 0.0}, "deny", "hard-stop"),
+        ({"path": "/tmp/a"}, {"delete": 0.95, "How much": "0"}, "confirm", "sure"),
+        ({"path": "/tmp/a"}, {"delete": 0.95, "How much": "2"}, "deny", "big"),  # escalate, no reviewer: deny
+        ({"path": "/tmp/a"}, {"delete": 0.6}, "deny", "unsure"),
+        ({"path": "/tmp/a"}, {"delete": 0.1}, "allow", None),
+    ],
+)
+def test_rules_decide_in_order(args: dict, script: dict, action: str, rule: str | None) -> None:
+    guard, _ = _guard(script)
+    verdict = guard.check({"name": "delete_file", "args": args, "id": "c1"})
+    assert (verdict.action, verdict.rule) == (action, rule)
+    assert verdict.policy == "destructive"
+    assert verdict.thresholds == {"destructive": {"destructive": 0.8, "unsure": 0.4}}
+    if rule != "hard-stop":
+        assert verdict.answers["destructive"]["destructive"].noul == pytest.approx(script["delete"])
+
+
+def test_unmatched_calls_are_allowed_without_asking_the_engine() -> None:
+    guard, engine = _guard({})
+    verdict = guard.check({"name": "read_file", "args": {}})
+    assert verdict.action == "allow" and verdict.policy is None and verdict.decisions == ()
+    assert engine.calls == []
+
+
+def test_strictest_action_wins_and_every_reason_is_kept() -> None:
+    guard, engine = _guard({"delete": 0.1, "leave": 0.9}, DESTRUCTIVE, OUTBOUND)
+    verdict = guard.check({"name": "delete_file", "args": {"path": "/tmp/a"}})
+    assert verdict.action == "confirm" and verdict.policy == "outbound"
+    assert {d.policy: d.action for d in verdict.decisions} == {"destructive": "allow", "outbound": "confirm"}
+    assert len(engine.calls) == 1  # both policies, one engine request
+
+
+def test_eight_policies_cost_one_engine_call_and_shared_questions_are_asked_once() -> None:
+    policies = [OUTBOUND.replace("name: outbound", f"name: outbound-{i}") for i in range(8)]
+    guard, engine = _guard({"leave": 0.9}, *policies)
+    verdict = guard.check({"name": "send_email", "args": {"to": "x@example.com"}})
+    assert len(verdict.decisions) == 8 and verdict.action == "confirm"
+    assert len(engine.calls) == 1
+    assert len(engine.calls[0]["questions"]) == 1
+
+
+def test_escalation_asks_the_stronger_engine_only_for_escalating_policies() -> None:
+    strong = ScriptedDecisionModel(model="strong", script={"delete": 0.97, "How much": "0"})
+    guard, engine = _guard({"delete": 0.6, "leave": 0.1}, DESTRUCTIVE, OUTBOUND, escalation=strong)
+    verdict = guard.check({"name": "delete_file", "args": {"path": "/tmp/a"}})
+    assert verdict.action == "confirm" and verdict.rule == "sure"
+    assert verdict.escalation_engine == "strong"
+    decided = {d.policy: d for d in verdict.decisions}
+    assert decided["destructive"].escalated and not decided["outbound"].escalated
+    assert len(strong.calls) == 1 and len(strong.calls[0]["questions"]) == 2
+
+
+@pytest.mark.parametrize(("human", "action"), [(True, "escalate"), (False, "deny")])
+def test_still_unclear_goes_to_a_human_or_is_denied(human: bool, action: str) -> None:
+    strong = ScriptedDecisionModel(model="strong", script={"delete": 0.5})
+    guard, _ = _guard({"delete": 0.5}, escalation=strong, human_review=human)
+    verdict = guard.check({"name": "delete_file", "args": {"path": "/tmp/a"}})
+    assert verdict.action == action and verdict.rule == "unsure"
+
+
+FAIL_OPEN = OUTBOUND.replace("rules:", "on_error: allow\nrules:")
+
+
+@pytest.mark.parametrize(
+    ("policy", "engine_kwargs", "action"),
+    [
+        (OUTBOUND, {"fail": True}, "deny"),
+        (OUTBOUND, {"delay_s": 0.5}, "deny"),
+        (OUTBOUND.replace("rules:", "on_error: confirm\nrules:"), {"fail": True}, "confirm"),
+        (FAIL_OPEN, {"fail": True}, "allow"),  # only because the file says so
+    ],
+)
+async def test_engine_failures_take_on_error_and_never_allow_unless_written(policy: str, engine_kwargs: dict, action: str) -> None:
+    engine = ScriptedDecisionModel(**engine_kwargs)
+    guard = Guard([parse_policy(policy)], engine=engine, timeout_s=0.1)
+    for verdict in (guard.check({"name": "send_email", "args": {}}), await guard.acheck({"name": "send_email", "args": {}})):
+        assert verdict.action == action
+        assert verdict.error is not None
+        assert ("Timeout" in verdict.error) == ("delay_s" in engine_kwargs)
+        assert verdict.decisions[0].answers == {}
+
+
+def test_a_rule_that_fails_at_runtime_fails_closed() -> None:
+    policy = OUTBOUND.replace("'answers.external >= thresholds.external'", "'tool.args.to.endsWith(\"@corp.com\")'")
+    guard, _ = _guard({}, policy)
+    verdict = guard.check({"name": "send_email", "args": {}})  # no 'to': the rule cannot be evaluated
+    assert verdict.action == "deny" and "could not be evaluated" in (verdict.error or "")
+
+
+async def test_async_check_matches_sync() -> None:
+    guard, _ = _guard({"delete": 0.95, "How much": "0"})
+    call = {"name": "delete_file", "args": {"path": "/tmp/a"}}
+    sync, not_sync = guard.check(call), await guard.acheck(call)
+    assert (sync.action, sync.rule) == (not_sync.action, not_sync.rule) == ("confirm", "sure")
+
+
+def test_calibration_overrides_thresholds(tmp_path: Any) -> None:
+    calibration = tmp_path / "calibration.yaml"
+    calibration.write_text("version: 1\npolicies:\n  destructive:\n    thresholds: {destructive: 0.99}\n")
+    guard, _ = _guard({"delete": 0.95, "How much": "0"}, calibration=calibration)
+    verdict = guard.check({"name": "delete_file", "args": {"path": "/tmp/a"}})
+    assert verdict.rule == "unsure" and verdict.decisions[0].calibrated
+    assert verdict.thresholds["destructive"]["destructive"] == 0.99
+    with pytest.raises(PolicyError, match="not a probability"):
+        _guard({}, calibration={"version": 1, "policies": {"destructive": {"thresholds": {"destructive": 2}}}})
+    with pytest.raises(PolicyError, match="does not define"):
+        _guard({}, calibration={"version": 1, "policies": {"destructive": {"thresholds": {"nope": 0.5}}}})
+
+
+def test_the_engine_sees_only_what_the_policy_asks_for() -> None:
+    policy = OUTBOUND.replace("rules:", "state: {messages: 1, fields: [user], tool_description: false}\nrules:")
+    guard, engine = _guard({}, policy)
+    state = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "user": "ann", "secret": "x"}
+    guard.check({"name": "send_email", "args": {"to": "z"}}, state, tool_description="Sends mail")
+    seen = engine.calls[0]["state"]
+    assert seen == {"fields": {"user": "ann"}, "messages": [{"role": "user", "content": "b"}], "tool": {"name": "send_email", "args": {"to": "z"}}}

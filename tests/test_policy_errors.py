@@ -1,0 +1,140 @@
+"""Policy loading: every fault is a PolicyError naming file, line, column and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clef_guard import PolicyError, load_policies, load_policy, parse_policy
+
+GOOD = textwrap.dedent(
+    """\
+    version: 1
+    name: demo
+    applies_to:
+      tools: [delete_*]
+    questions:
+      destructive:
+        type: noul
+        instructions: Does this delete data?
+      team:
+        type: choice
+        instructions: Which team owns it?
+        criteria: {ops: null, dev: null}
+    thresholds:
+      destructive: 0.8
+    rules:
+      - id: block
+        when: answers.destructive >= thresholds.destructive
+        then: deny
+        message: Deleting needs a person.
+    """
+)
+
+
+def _broken(old: str, new: str) -> str:
+    assert old in GOOD
+    return GOOD.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "phrase", "hint"),
+    [
+        (_broken("  tools: [delete_*]", "  tools: [delete_*\n  x: 1"), 5, None, "malformed YAML", "indentation"),
+        (_broken("name: demo", "name: demo\nnmae: x"), 3, "nmae", "unknown field 'nmae'", "did you mean 'name'"),
+        (_broken("    then: deny", "    then: deny\n    thne: allow"), 19, "rules[0].thne", "unknown field", "then"),
+        (_broken("answers.destructive >=", "answers.destructiv >="), 17, "rules[0].when", "question 'destructiv'", "did you mean 'destructive'"),
+        (_broken(">= thresholds.destructive", ">= thresholds.high"), 17, "rules[0].when", "threshold 'high'", "destructive"),
+        (_broken(">= thresholds.destructive", ">= (("), 17, "rules[0].when", "invalid CEL", "CEL reads like"),
+        (_broken("destructive: 0.8", "destructive: 1.8"), 14, "thresholds.destructive", "less than or equal to 1", "from 0 to 1"),
+        (_broken("criteria: {ops: null, dev: null}", "criteria: {}"), 12, "questions.team.criteria", "at least 1", "not be empty"),
+        (_broken("    then: deny", "    then: block"), 18, "rules[0].then", "'allow', 'confirm', 'escalate' or 'deny'", None),
+        (_broken("type: noul", "type: box"), 7, "questions.destructive", "does not match any of the expected tags", "noul, choice, score"),
+        (_broken("version: 1\n", ""), 1, "version", "required", "add 'version:'"),
+        (_broken("when: answers.destructive >= thresholds.destructive", "when: answers.destructive"), 17, "rules[0].when", "true or false", "compare"),
+        (_broken("when: answers.destructive >= thresholds.destructive", "when: answers.team > 0.5"), 17, "rules[0].when", "CEL type error", None),
+        (_broken("name: demo", "name: demo\nname: other"), 3, None, "appears twice", "keep one"),
+        (_broken("criteria: {ops: null, dev: null}", "criteria: {ops: null, OPS: null}"), 12, "questions.team.criteria.OPS", "same label", None),
+    ],
+)
+def test_errors_point_at_the_fault(text: str, line: int, field: str | None, phrase: str, hint: str | None) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, source="demo.yaml")
+    error = info.value
+    assert error.file == "demo.yaml"
+    assert error.line == line, str(error)
+    assert error.column is not None and error.column >= 1
+    if field is not None:
+        assert error.field == field, str(error)
+    assert phrase in str(error)
+    if hint is not None:
+        assert error.hint is not None and hint in error.hint
+    assert str(error).startswith(f"demo.yaml:{line}:")
+
+
+def test_yaml_booleans_in_text_fields_get_a_quoting_hint() -> None:
+    with pytest.raises(PolicyError, match="quote it") as info:
+        parse_policy(GOOD.replace("message: Deleting needs a person.", "message: no"))
+    assert info.value.field == "rules[0].message" and info.value.line == 19
+
+
+def test_the_good_policy_compiles() -> None:
+    policy = parse_policy(GOOD)
+    assert policy.name == "demo" and [r.id for r in policy.rules] == ["block"]
+    assert policy.matches("delete_file", phase="before_tool", step=None, context={}, tool={"name": "delete_file", "args": {}})
+    assert not policy.matches("read_file", phase="before_tool", step=None, context={}, tool={"name": "read_file", "args": {}})
+
+
+def test_files_and_folders_load_and_names_must_be_unique(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(GOOD)
+    (tmp_path / "b.yaml").write_text(GOOD)
+    with pytest.raises(PolicyError, match="already used") as info:
+        load_policies(tmp_path)
+    assert info.value.file is not None and info.value.file.endswith("b.yaml")
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "missing.yaml")
+
+
+def test_shipped_policies_all_load() -> None:
+    policies = load_policies(Path(__file__).parent.parent / "policies")
+    assert len(policies) >= 7
+    assert {p.applies_to.phase for p in policies} == {"before_tool", "after_tool", "route"}
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+_KEYS = ["version", "name", "applies_to", "state", "questions", "thresholds", "rules", "default", "on_error", "extra"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.just(yaml.safe_load(GOOD)), drop=st.sets(st.sampled_from(_KEYS)), replace=st.dictionaries(st.sampled_from(_KEYS), _values, max_size=3))
+def test_malformed_policies_only_raise_policy_error(base: dict, drop: set[str], replace: dict) -> None:
+    data = {k: v for k, v in base.items() if k not in drop}
+    data.update(replace)
+    try:
+        parse_policy(yaml.safe_dump(data))
+    except PolicyError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_arbitrary_text_only_raises_policy_error(text: str) -> None:
+    try:
+        parse_policy(text)
+    except PolicyError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_arbitrary_rule_conditions_only_raise_policy_error(condition: str) -> None:
+    try:
+        parse_policy(GOOD.replace("answers.destructive >= thresholds.destructive", condition.replace("\n", " ")))
+    except PolicyError:
+        pass
