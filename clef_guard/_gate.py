@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import yaml
 from langchain_core.decisions import BaseDecisionModel, ChoiceAnswer, ClassifierResponse, NoulAnswer, ScoreAnswer
@@ -90,6 +90,34 @@ class Verdict:
             {**asdict(d), "answers": {k: a.model_dump() for k, a in d.answers.items()}} for d in self.decisions
         ]
         return data
+
+
+class CheckOptions(TypedDict, total=False):
+    """Keyword options of :meth:`Guard.check` and :meth:`Guard.acheck`."""
+
+    phase: str
+    """``before_tool`` (default), ``after_tool`` (with ``tool_result``) or ``route``."""
+    step: str | None
+    """The graph step or route name, matched against ``applies_to.steps``."""
+    context: Mapping[str, Any]
+    """Extra facts for CEL conditions (``context.<key>``); never shown to the engine."""
+    tool_description: str | None
+    """The tool's description, shown to the engine when a policy asks for it."""
+    tool_result: Any
+    """What the tool returned, for ``after_tool`` checks."""
+
+
+@dataclass
+class _Check:
+    """One check in progress."""
+
+    call: dict[str, Any]
+    state: Any
+    context: dict[str, Any]
+    description: str | None
+    policies: list[Policy]
+    groups: list[_Group]
+    start: float
 
 
 @dataclass
@@ -164,63 +192,43 @@ class Guard:
             if p.matches(call["name"], phase=phase, step=step, context=context or {}, tool=call)
         ]
 
-    def check(
-        self,
-        tool_call: Mapping[str, Any],
-        state: Any = None,
-        *,
-        phase: str = "before_tool",
-        step: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        tool_description: str | None = None,
-        tool_result: Any = None,
-    ) -> Verdict:
+    def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
-        start = time.perf_counter()
-        call, context = _normalise_call(tool_call, tool_result), dict(context or {})
-        policies = self.matching(call, phase=phase, step=step, context=context)
-        groups = self._groups(policies, call, state, tool_description)
-        decisions = self._decide_all(groups, [self._ask(self.engine, g) for g in groups], call, context)
-        again = self._escalation_groups(decisions, policies, call, state, tool_description)
+        run = self._begin(tool_call, state, options)
+        decisions = self._decide_all(run, run.groups, [self._ask(self.engine, g) for g in run.groups])
+        again = self._escalation_groups(run, decisions)
         if again:
-            assert self.escalation is not None
-            replies = [self._ask(self.escalation, g) for g in again]
-            decisions = _merge_escalated(decisions, self._decide_all(again, replies, call, context, escalated=True))
-        return self._verdict(call, decisions, start)
+            replies = [self._ask(self.escalation, g) for g in again]  # type: ignore[arg-type]
+            decisions = _merge_escalated(decisions, self._decide_all(run, again, replies, escalated=True))
+        return self._verdict(run, decisions)
 
-    async def acheck(
-        self,
-        tool_call: Mapping[str, Any],
-        state: Any = None,
-        *,
-        phase: str = "before_tool",
-        step: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        tool_description: str | None = None,
-        tool_result: Any = None,
-    ) -> Verdict:
+    async def acheck(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Async twin of :meth:`check`."""
-        start = time.perf_counter()
-        call, context = _normalise_call(tool_call, tool_result), dict(context or {})
-        policies = self.matching(call, phase=phase, step=step, context=context)
-        groups = self._groups(policies, call, state, tool_description)
-        replies = await asyncio.gather(*(self._aask(self.engine, g) for g in groups))
-        decisions = self._decide_all(groups, list(replies), call, context)
-        again = self._escalation_groups(decisions, policies, call, state, tool_description)
+        run = self._begin(tool_call, state, options)
+        replies = await asyncio.gather(*(self._aask(self.engine, g) for g in run.groups))
+        decisions = self._decide_all(run, run.groups, list(replies))
+        again = self._escalation_groups(run, decisions)
         if again:
-            assert self.escalation is not None
-            replies = await asyncio.gather(*(self._aask(self.escalation, g) for g in again))
-            decisions = _merge_escalated(decisions, self._decide_all(again, list(replies), call, context, escalated=True))
-        return self._verdict(call, decisions, start)
+            replies = await asyncio.gather(*(self._aask(self.escalation, g) for g in again))  # type: ignore[arg-type]
+            decisions = _merge_escalated(decisions, self._decide_all(run, again, list(replies), escalated=True))
+        return self._verdict(run, decisions)
 
-    def _groups(self, policies: list[Policy], call: dict[str, Any], state: Any, description: str | None) -> list[_Group]:
+    def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
+        call = _normalise_call(tool_call, options.get("tool_result"))
+        context = dict(options.get("context") or {})
+        policies = self.matching(call, phase=options.get("phase", "before_tool"), step=options.get("step"), context=context)
+        run = _Check(call, state, context, options.get("tool_description"), policies, [], time.perf_counter())
+        run.groups.extend(self._groups(run, policies))
+        return run
+
+    def _groups(self, run: _Check, policies: list[Policy]) -> list[_Group]:
         """One engine request per distinct state view; identical questions asked once."""
         groups: dict[str, _Group] = {}
         for policy in policies:
             view_key = policy.state.model_dump_json()
             group = groups.get(view_key)
             if group is None:
-                group = groups[view_key] = _Group(state=engine_state(policy, call, state, description))
+                group = groups[view_key] = _Group(state=engine_state(policy, run.call, run.state, run.description))
             group.policies.append(policy)
             for qid, question in policy.questions.items():
                 key = question.model_dump_json()
@@ -231,14 +239,12 @@ class Guard:
                 group.ids[(policy.name, qid)] = shared
         return list(groups.values())
 
-    def _escalation_groups(
-        self, decisions: list[PolicyDecision], policies: list[Policy], call: dict[str, Any], state: Any, description: str | None
-    ) -> list[_Group]:
+    def _escalation_groups(self, run: _Check, decisions: list[PolicyDecision]) -> list[_Group]:
         """Requests for the escalation engine: the policies that said ``escalate``."""
         if self.escalation is None:
             return []
         escalating = {d.policy for d in decisions if d.action == "escalate"}
-        return self._groups([p for p in policies if p.name in escalating], call, state, description)
+        return self._groups(run, [p for p in run.policies if p.name in escalating])
 
     def _ask(self, engine: BaseDecisionModel, group: _Group) -> ClassifierResponse | Exception:
         future = _EXECUTOR.submit(engine.invoke, {"state": group.state, "questions": group.questions})
@@ -261,13 +267,7 @@ class Guard:
             return exc
 
     def _decide_all(
-        self,
-        groups: list[_Group],
-        replies: list[ClassifierResponse | Exception],
-        call: dict[str, Any],
-        context: Mapping[str, Any],
-        *,
-        escalated: bool = False,
+        self, run: _Check, groups: list[_Group], replies: list[ClassifierResponse | Exception], *, escalated: bool = False
     ) -> list[PolicyDecision]:
         """Each policy's decision from its group's reply; a failed reply fails closed."""
         decisions = []
@@ -287,10 +287,13 @@ class Guard:
                                        policy.thresholds, calibrated, error, escalated)
                     )
                 else:
-                    decisions.append(evaluate_rules(policy, answers, call, context, calibrated=calibrated, escalated=escalated))
+                    decisions.append(
+                        evaluate_rules(policy, answers, run.call, run.context, calibrated=calibrated, escalated=escalated)
+                    )
         return decisions
 
-    def _verdict(self, call: dict[str, Any], decisions: list[PolicyDecision], start: float) -> Verdict:
+    def _verdict(self, run: _Check, decisions: list[PolicyDecision]) -> Verdict:
+        call, start = run.call, run.start
         engine_name = getattr(self._engine, "model", None) if self._engine is not None else None
         escalation_name = getattr(self.escalation, "model", None) if self.escalation is not None else None
         errors = [d.error for d in decisions if d.error]
