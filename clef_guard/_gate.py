@@ -194,24 +194,71 @@ class Guard:
 
     def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
-        run = self._begin(tool_call, state, options)
-        decisions = self._decide_all(run, run.groups, [self._ask(self.engine, g) for g in run.groups])
-        again = self._escalation_groups(run, decisions)
-        if again:
-            replies = [self._ask(self.escalation, g) for g in again]  # type: ignore[arg-type]
-            decisions = _merge_escalated(decisions, self._decide_all(run, again, replies, escalated=True))
-        return self._verdict(run, decisions)
+        return self.check_many([tool_call], state, **options)[0]
 
     async def acheck(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Async twin of :meth:`check`."""
-        run = self._begin(tool_call, state, options)
-        replies = await asyncio.gather(*(self._aask(self.engine, g) for g in run.groups))
-        decisions = self._decide_all(run, run.groups, list(replies))
-        again = self._escalation_groups(run, decisions)
-        if again:
-            replies = await asyncio.gather(*(self._aask(self.escalation, g) for g in again))  # type: ignore[arg-type]
-            decisions = _merge_escalated(decisions, self._decide_all(run, again, list(replies), escalated=True))
-        return self._verdict(run, decisions)
+        return (await self.acheck_many([tool_call], state, **options))[0]
+
+    def check_many(
+        self,
+        tool_calls: Sequence[Mapping[str, Any]],
+        state: Any = None,
+        *,
+        descriptions: Mapping[str, str] | None = None,
+        **options: Unpack[CheckOptions],
+    ) -> list[Verdict]:
+        """Check calls proposed together (parallel tool calls) in one engine batch.
+
+        ``descriptions`` maps tool names to their descriptions. The calls share the
+        state, so a local engine's prefix cache serves all but the first.
+        """
+        runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
+        decisions = self._decide_runs(runs, self._ask(self.engine, [g for r in runs for g in r.groups]))
+        again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
+        if any(again):
+            replies = self._ask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
+            decisions = self._merge_runs(runs, decisions, again, replies)
+        return [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)]
+
+    async def acheck_many(
+        self,
+        tool_calls: Sequence[Mapping[str, Any]],
+        state: Any = None,
+        *,
+        descriptions: Mapping[str, str] | None = None,
+        **options: Unpack[CheckOptions],
+    ) -> list[Verdict]:
+        """Async twin of :meth:`check_many`."""
+        runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
+        decisions = self._decide_runs(runs, await self._aask(self.engine, [g for r in runs for g in r.groups]))
+        again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
+        if any(again):
+            replies = await self._aask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
+            decisions = self._merge_runs(runs, decisions, again, replies)
+        return [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)]
+
+    def _decide_runs(self, runs: list[_Check], replies: list[ClassifierResponse | Exception]) -> list[list[PolicyDecision]]:
+        """Split one batch of replies back to the checks that asked them."""
+        decided, offset = [], 0
+        for run in runs:
+            decided.append(self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
+            offset += len(run.groups)
+        return decided
+
+    def _merge_runs(
+        self,
+        runs: list[_Check],
+        decisions: list[list[PolicyDecision]],
+        again: list[list[_Group]],
+        replies: list[ClassifierResponse | Exception],
+    ) -> list[list[PolicyDecision]]:
+        merged, offset = [], 0
+        for run, first, groups in zip(runs, decisions, again, strict=True):
+            second = self._decide_all(run, groups, replies[offset : offset + len(groups)], escalated=True)
+            merged.append(_merge_escalated(first, second))
+            offset += len(groups)
+        return merged
 
     def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
         call = _normalise_call(tool_call, options.get("tool_result"))
@@ -246,25 +293,31 @@ class Guard:
         escalating = {d.policy for d in decisions if d.action == "escalate"}
         return self._groups(run, [p for p in run.policies if p.name in escalating])
 
-    def _ask(self, engine: BaseDecisionModel, group: _Group) -> ClassifierResponse | Exception:
-        future = _EXECUTOR.submit(engine.invoke, {"state": group.state, "questions": group.questions})
+    def _ask(self, engine: BaseDecisionModel, groups: list[_Group]) -> list[ClassifierResponse | Exception]:
+        """One engine batch for ``groups``; failures and the timeout come back as exceptions."""
+        if not groups:
+            return []
+        requests = [{"state": g.state, "questions": g.questions} for g in groups]
+        future = _EXECUTOR.submit(engine.batch, requests, return_exceptions=True)
         try:
-            return future.result(timeout=self.timeout_s)
+            return list(future.result(timeout=self.timeout_s))
         except concurrent.futures.TimeoutError:
             future.cancel()
-            return EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")
+            return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
         except Exception as exc:  # any engine failure must fail closed, never propagate as allow
-            return exc
+            return [exc] * len(groups)
 
-    async def _aask(self, engine: BaseDecisionModel, group: _Group) -> ClassifierResponse | Exception:
+    async def _aask(self, engine: BaseDecisionModel, groups: list[_Group]) -> list[ClassifierResponse | Exception]:
+        """Async twin of :meth:`_ask`."""
+        if not groups:
+            return []
+        requests = [{"state": g.state, "questions": g.questions} for g in groups]
         try:
-            return await asyncio.wait_for(
-                engine.ainvoke({"state": group.state, "questions": group.questions}), timeout=self.timeout_s
-            )
+            return list(await asyncio.wait_for(engine.abatch(requests, return_exceptions=True), timeout=self.timeout_s))
         except TimeoutError:
-            return EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")
+            return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
         except Exception as exc:  # any engine failure must fail closed
-            return exc
+            return [exc] * len(groups)
 
     def _decide_all(
         self, run: _Check, groups: list[_Group], replies: list[ClassifierResponse | Exception], *, escalated: bool = False
@@ -455,6 +508,14 @@ def _normalise_call(tool_call: Mapping[str, Any], result: Any = None) -> dict[st
     if result is not None:
         call["result"] = result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True)
     return call
+
+
+def _with_description(
+    options: CheckOptions, call: Mapping[str, Any], descriptions: Mapping[str, str] | None
+) -> CheckOptions:
+    if descriptions and call.get("name") in descriptions:
+        return {**options, "tool_description": descriptions[call["name"]]}
+    return options
 
 
 def _merge_escalated(first: list[PolicyDecision], again: list[PolicyDecision]) -> list[PolicyDecision]:
