@@ -10,7 +10,9 @@ from clef_guard._errors import EngineTimeoutError as EngineTimeoutError
 from clef_guard._errors import ModelLoadError as ModelLoadError
 from clef_guard._errors import PolicyError as PolicyError
 from clef_guard._errors import RequestError as RequestError
+from clef_guard._errors import ToolBlockedError as ToolBlockedError
 from clef_guard._errors import UnsupportedQuestionError as UnsupportedQuestionError
+from clef_guard._gate import CheckOptions as CheckOptions
 from clef_guard._gate import Guard as Guard
 from clef_guard._gate import PolicyDecision as PolicyDecision
 from clef_guard._gate import Verdict as Verdict
@@ -24,6 +26,7 @@ from clef_guard._policy import parse_policy as parse_policy
 __all__ = [
     "CACHE_ENV",
     "EMBEDDED_MODEL",
+    "CheckOptions",
     "ClefGuardError",
     "DecisionHead",
     "EngineError",
@@ -36,6 +39,7 @@ __all__ = [
     "PolicyDecision",
     "PolicyError",
     "RequestError",
+    "ToolBlockedError",
     "UnsupportedQuestionError",
     "Verdict",
     "load_calibration",

@@ -6,6 +6,7 @@
     ├── RequestError            a ClassifierRequest the engine cannot answer
     │   └── UnsupportedQuestionError
     ├── PolicyError             a policy file that cannot be loaded as written
+    ├── ToolBlockedError        a tool call the guard stopped (where the only way is to raise)
     ├── ModelLoadError          a backbone, adapter or head that cannot be loaded
     └── EngineError             the engine failed while answering
         └── EngineTimeoutError
@@ -68,6 +69,17 @@ class PolicyError(ClefGuardError, ValueError):
         self.column = column
         self.field = field
         self.hint = hint
+
+
+class ToolBlockedError(ClefGuardError):
+    """A tool call the guard stopped, raised where stopping means raising (callbacks).
+
+    ``verdict`` is the :class:`clef_guard.Verdict` that stopped it.
+    """
+
+    def __init__(self, verdict: object, message: str) -> None:
+        super().__init__(message)
+        self.verdict = verdict
 
 
 class ModelLoadError(ClefGuardError):

@@ -75,7 +75,7 @@ class ToolGate:
         """The ``wrap_tool_call`` hook: gate, maybe ask a human, run, screen the result."""
         outcome = self.review(request.tool_call, self._sibling_verdict(request))
         if isinstance(outcome, _Edited):
-            outcome = self._after_edit(outcome.call, self.guard.check(outcome.call, request.state, tool_description=_description(request)))
+            outcome = self.after_edit(outcome.call, self.guard.check(outcome.call, request.state, tool_description=_description(request)))
         if isinstance(outcome, ToolMessage):
             return outcome
         to_run = request.override(tool_call=outcome)
@@ -92,7 +92,7 @@ class ToolGate:
         outcome = self.review(request.tool_call, await self._asibling_verdict(request))
         if isinstance(outcome, _Edited):
             verdict = await self.guard.acheck(outcome.call, request.state, tool_description=_description(request))
-            outcome = self._after_edit(outcome.call, verdict)
+            outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
             return outcome
         result = await handler(request.override(tool_call=outcome))
@@ -148,7 +148,7 @@ class ToolGate:
             },
         }
 
-    def _after_edit(self, call: ToolCall, verdict: Verdict) -> ToolCall | ToolMessage:
+    def after_edit(self, call: ToolCall, verdict: Verdict) -> ToolCall | ToolMessage:
         """An edited call runs only if the policies would let it: the reviewer authored it,
         so ``confirm`` counts as given; ``escalate`` and ``deny`` stop it."""
         if verdict.action in ("allow", "confirm"):

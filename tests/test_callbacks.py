@@ -1,0 +1,68 @@
+"""The callback handler records every tool start and, when asked, stops denied tools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from langchain_core.tools import tool
+
+from clef_guard import Guard, ToolBlockedError, parse_policy
+from clef_guard.integrations.callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
+from model import ScriptedDecisionModel
+from test_langchain_middleware import POLICY
+
+
+def _write_tool(folder: Path):  # noqa: ANN202
+    @tool
+    def write_note(name: str, text: str) -> str:
+        """Write a note file."""
+        (folder / name).write_text(text)
+        return "ok"
+
+    return write_note
+
+
+def _guard() -> Guard:
+    return Guard([parse_policy(POLICY)], engine=ScriptedDecisionModel())
+
+
+def test_records_without_stopping_by_default(tmp_path: Path) -> None:
+    handler = GuardCallbackHandler(_guard())
+    _write_tool(tmp_path).invoke({"name": "keep.txt", "text": "x"}, config={"callbacks": [handler]})
+    assert (tmp_path / "keep.txt").exists()  # recorded only: callbacks cannot stop without raise_error
+    (verdict,) = handler.verdicts
+    assert verdict.action == "deny" and verdict.rule == "protected"
+
+
+def test_raise_error_stops_a_denied_tool_and_lets_others_run(tmp_path: Path) -> None:
+    handler = GuardCallbackHandler(_guard(), raise_error=True)
+    write = _write_tool(tmp_path)
+    with pytest.raises(ToolBlockedError, match="rule 'protected'") as info:
+        write.invoke({"name": "keep.txt", "text": "x"}, config={"callbacks": [handler]})
+    assert not (tmp_path / "keep.txt").exists()
+    assert info.value.verdict.action == "deny"
+    write.invoke({"name": "free.txt", "text": "y"}, config={"callbacks": [handler]})
+    assert (tmp_path / "free.txt").read_text() == "y"
+    assert [v.action for v in handler.verdicts] == ["deny", "allow"]
+
+
+async def test_async_handler_stops_an_async_tool_on_confirm(tmp_path: Path) -> None:
+    @tool("write_note")
+    async def awrite_note(name: str, text: str) -> str:
+        """Write a note file."""
+        (tmp_path / name).write_text(text)
+        return "ok"
+
+    handler = AsyncGuardCallbackHandler(_guard(), raise_error=True)
+    with pytest.raises(ToolBlockedError, match="confirm"):
+        await awrite_note.ainvoke({"name": "ask.txt", "text": "x"}, config={"callbacks": [handler]})
+    assert not (tmp_path / "ask.txt").exists()
+
+
+async def test_an_async_handler_cannot_stop_a_sync_tool(tmp_path: Path) -> None:
+    """langchain-core runs async handlers of sync tools on a side loop and swallows their
+    errors: the documented reason to pair sync tools with the sync handler."""
+    handler = AsyncGuardCallbackHandler(_guard(), raise_error=True)
+    await _write_tool(tmp_path).ainvoke({"name": "ask.txt", "text": "x"}, config={"callbacks": [handler]})
+    assert (tmp_path / "ask.txt").exists() and handler.verdicts[0].action == "confirm"
