@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/ticket_triage.py
+	$(PY) examples/guarded_agent.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

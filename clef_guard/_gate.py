@@ -19,7 +19,8 @@ import asyncio
 import concurrent.futures
 import json
 import time
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -31,6 +32,7 @@ from langchain_core.messages import BaseMessage
 from clef_guard._errors import EngineError, EngineTimeoutError, PolicyError
 from clef_guard._policy import SEVERITY, Policy
 
+_log = logging.getLogger("clef_guard")
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="clef-guard")
 
 
@@ -67,6 +69,8 @@ class Verdict:
     engine: str | None
     escalation_engine: str | None = None
     error: str | None = None
+    phase: str = "before_tool"
+    """``before_tool`` (a proposed call), ``after_tool`` (its result) or ``route``."""
 
     @property
     def allowed(self) -> bool:
@@ -118,6 +122,7 @@ class _Check:
     policies: list[Policy]
     groups: list[_Group]
     start: float
+    phase: str
 
 
 @dataclass
@@ -150,6 +155,9 @@ class Guard:
         Limit on each engine call; past it every waiting policy takes its ``on_error``.
     calibration
         A calibration file (or mapping) whose thresholds override the policies'.
+    on_verdict
+        Callables given every verdict as it is made (logging, UIs, tests); an error in
+        one is logged and never changes the verdict.
     """
 
     def __init__(
@@ -161,6 +169,7 @@ class Guard:
         human_review: bool = False,
         timeout_s: float | None = 10.0,
         calibration: str | Path | Mapping[str, Any] | None = None,
+        on_verdict: Sequence[Callable[[Verdict], None]] = (),
     ) -> None:
         overrides = load_calibration(calibration) if calibration is not None else {}
         by_name = {p.name: p for p in policies}
@@ -173,6 +182,7 @@ class Guard:
         self.escalation = escalation
         self.human_review = human_review
         self.timeout_s = timeout_s
+        self.on_verdict = list(on_verdict)
 
     @property
     def engine(self) -> BaseDecisionModel:
@@ -219,7 +229,7 @@ class Guard:
         if any(again):
             replies = self._ask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
             decisions = self._merge_runs(runs, decisions, again, replies)
-        return [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)]
+        return self._publish([self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
 
     async def acheck_many(
         self,
@@ -236,7 +246,7 @@ class Guard:
         if any(again):
             replies = await self._aask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
             decisions = self._merge_runs(runs, decisions, again, replies)
-        return [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)]
+        return self._publish([self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
 
     def _decide_runs(self, runs: list[_Check], replies: list[ClassifierResponse | Exception]) -> list[list[PolicyDecision]]:
         """Split one batch of replies back to the checks that asked them."""
@@ -263,8 +273,9 @@ class Guard:
     def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
         call = _normalise_call(tool_call, options.get("tool_result"))
         context = dict(options.get("context") or {})
-        policies = self.matching(call, phase=options.get("phase", "before_tool"), step=options.get("step"), context=context)
-        run = _Check(call, state, context, options.get("tool_description"), policies, [], time.perf_counter())
+        phase = options.get("phase", "before_tool")
+        policies = self.matching(call, phase=phase, step=options.get("step"), context=context)
+        run = _Check(call, state, context, options.get("tool_description"), policies, [], time.perf_counter(), phase)
         run.groups.extend(self._groups(run, policies))
         return run
 
@@ -345,13 +356,24 @@ class Guard:
                     )
         return decisions
 
+    def _publish(self, verdicts: list[Verdict]) -> list[Verdict]:
+        for verdict in verdicts:
+            for listener in self.on_verdict:
+                try:
+                    listener(verdict)
+                except Exception:  # a listener must never change or block a verdict
+                    _log.exception("an on_verdict listener failed")
+        return verdicts
+
     def _verdict(self, run: _Check, decisions: list[PolicyDecision]) -> Verdict:
         call, start = run.call, run.start
         engine_name = getattr(self._engine, "model", None) if self._engine is not None else None
         escalation_name = getattr(self.escalation, "model", None) if self.escalation is not None else None
         errors = [d.error for d in decisions if d.error]
         if not decisions:
-            return Verdict("allow", None, None, "no policy applies to this call", (), call, _ms(start), engine_name, escalation_name)
+            return Verdict(
+                "allow", None, None, "no policy applies", (), call, _ms(start), engine_name, escalation_name, None, run.phase
+            )
         final = max(decisions, key=lambda d: SEVERITY[d.action])
         action, message = final.action, final.message
         if action == "escalate" and not self.human_review:
@@ -370,6 +392,7 @@ class Guard:
             engine=engine_name,
             escalation_engine=escalation_name,
             error="; ".join(errors) or None,
+            phase=run.phase,
         )
 
 

@@ -207,7 +207,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         raise _validation_error(exc, root, source) from None
     except (TypeError, ValueError, RecursionError) as exc:
         raise PolicyError(f"invalid policy: {exc}", file=source, line=1, column=1) from None
-    where = _Locator(root, source)
+    where = _Locator(root, source, text)
     try:
         parse_questions(spec.questions)
     except RequestError as exc:
@@ -254,6 +254,7 @@ def probe_answers(questions: Mapping[str, Noul | Choice | Score]) -> dict[str, A
     return probe
 
 
+_REGEX_LITERAL = re.compile(r"""\.matches\(\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*\)""")
 _REFERENCE = re.compile(r"\b(answers|thresholds)\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']*)[\"']\s*\])")
 
 
@@ -274,7 +275,19 @@ def _compile(expression: str, path: list[Any], where: _Locator, spec: PolicyFile
             close = difflib.get_close_matches(name, sorted(known[kind]), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"defined: {sorted(known[kind]) or 'none'}"
             what = "question" if kind == "answers" else "threshold"
-            raise where.error(f"names {what} {name!r}, which this policy does not define", path, hint=hint, offset=match.start())
+            raise where.error(
+                f"names {what} {name!r}, which this policy does not define", path, hint=hint, snippet=match.group(0)
+            )
+    for match in _REGEX_LITERAL.finditer(expression):
+        try:
+            cel.evaluate(f'"".matches({match.group(1)})')
+        except (RuntimeError, ValueError) as exc:
+            raise where.error(
+                f"invalid regular expression: {str(exc).splitlines()[-1].strip()}",
+                path,
+                hint="CEL uses RE2: no look-ahead, look-behind or back-references",
+                snippet=match.group(1),
+            ) from None
     _dry_run(program, expression, path, where, spec)
     return program
 
@@ -302,9 +315,10 @@ def _dry_run(program: Any, expression: str, path: list[Any], where: _Locator, sp
 class _Locator:
     """Maps a field path to the line and column of its node in the YAML source."""
 
-    def __init__(self, root: yaml.Node | None, source: str) -> None:
+    def __init__(self, root: yaml.Node | None, source: str, text: str = "") -> None:
         self.root = root
         self.source = source
+        self.text = text
 
     def mark(self, path: Iterable[Any]) -> tuple[int | None, int | None]:
         node = self.root
@@ -336,10 +350,17 @@ class _Locator:
                     return key.start_mark.line + 1, key.start_mark.column + 1
         return self.mark(path)
 
-    def error(self, problem: str, path: list[Any], *, hint: str | None = None, offset: int = 0, key: bool = False) -> PolicyError:
+    def error(
+        self, problem: str, path: list[Any], *, hint: str | None = None, snippet: str | None = None, key: bool = False
+    ) -> PolicyError:
+        """A PolicyError at ``path``; at ``snippet`` inside its value when that is found in the source."""
         line, column = self.key_mark(path) if key else self.mark(path)
-        if column is not None and offset:
-            column += offset
+        if snippet and line is not None:
+            start = sum(len(row) + 1 for row in self.text.split("\n")[: line - 1])
+            found = self.text.find(snippet.split("\n")[0], start)
+            if found >= 0:
+                line = self.text.count("\n", 0, found) + 1
+                column = found - (self.text.rfind("\n", 0, found) + 1) + 1
         return PolicyError(problem, file=self.source, line=line, column=column, field=_dotted(path), hint=hint)
 
 

@@ -114,7 +114,7 @@ class ToolGate:
             return _Edited({**call, "args": dict(decision["edited_action"]["args"])})
         if decision["type"] == "respond":
             return ToolMessage(content=decision["message"], tool_call_id=call["id"], name=call["name"], status="success")
-        reason = decision.get("message")
+        reason = (decision.get("message") or "").rstrip(". ")
         content = (
             f"User rejected the tool call `{call['name']}`" + (f" with reason: {reason}" if reason else "")
             + ". The tool was not executed. Do not retry it unless the user asks."
@@ -171,9 +171,13 @@ class ToolGate:
             status="error",
         )
 
-    def _sibling_verdict(self, request: ToolCallRequest) -> Verdict:
-        calls, index = _siblings(request)
-        key = tuple((c["id"], json.dumps(c["args"], sort_keys=True, default=str)) for c in calls)
+    def verdicts(self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None) -> list[Verdict]:
+        """Verdicts for calls proposed together, computed once in one engine batch.
+
+        Concurrent callers asking about the same calls wait for the same batch, and a
+        node re-run on resume reuses it instead of deciding (and recording) again.
+        """
+        key = _batch_key(calls)
         with self._lock:
             future = self._batches.get(key)
             owner = future is None
@@ -181,21 +185,31 @@ class ToolGate:
                 future = self._remember(key, concurrent.futures.Future())
         if owner:
             try:
-                future.set_result(self.guard.check_many(calls, request.state, descriptions=_descriptions(request)))
+                future.set_result(self.guard.check_many(calls, state, descriptions=descriptions))
             except BaseException as exc:
+                with self._lock:
+                    self._batches.pop(key, None)
                 future.set_exception(exc)
-        return future.result()[index]
+        return future.result()
 
-    async def _asibling_verdict(self, request: ToolCallRequest) -> Verdict:
-        calls, index = _siblings(request)
-        key = ("async", *((c["id"], json.dumps(c["args"], sort_keys=True, default=str)) for c in calls))
+    async def averdicts(
+        self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None
+    ) -> list[Verdict]:
+        """Async twin of :meth:`verdicts`."""
+        key = ("async", *_batch_key(calls))
         with self._lock:
             task = self._batches.get(key)
             if task is None:
-                task = self._remember(
-                    key, asyncio.ensure_future(self.guard.acheck_many(calls, request.state, descriptions=_descriptions(request)))
-                )
-        return (await task)[index]
+                task = self._remember(key, asyncio.ensure_future(self.guard.acheck_many(calls, state, descriptions=descriptions)))
+        return await task
+
+    def _sibling_verdict(self, request: ToolCallRequest) -> Verdict:
+        calls, index = _siblings(request)
+        return self.verdicts(calls, request.state, _descriptions(request))[index]
+
+    async def _asibling_verdict(self, request: ToolCallRequest) -> Verdict:
+        calls, index = _siblings(request)
+        return (await self.averdicts(calls, request.state, _descriptions(request)))[index]
 
     def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
         self._batches[key] = value
@@ -218,6 +232,10 @@ def blocked_message(call: Mapping[str, Any], verdict: Verdict) -> ToolMessage:
         "The tool was not executed."
     )
     return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"], status="error")
+
+
+def _batch_key(calls: Sequence[ToolCall]) -> tuple[Any, ...]:
+    return tuple((c["id"], c["name"], json.dumps(c["args"], sort_keys=True, default=str)) for c in calls)
 
 
 def _siblings(request: ToolCallRequest) -> tuple[list[ToolCall], int]:

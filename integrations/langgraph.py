@@ -91,12 +91,12 @@ def guard_node(
         return Command(update={messages_key: answers}, goto=sends or back_to)
 
     def run(state: Mapping[str, Any]) -> Command[Any]:
-        outcomes = review(state, guard.check_many(_last_ai_message(state, messages_key).tool_calls, state))
+        outcomes = review(state, gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state))
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
         return command(state, outcomes, guard.check_many(edits, state) if edits else [])
 
     async def arun(state: Mapping[str, Any]) -> Command[Any]:
-        outcomes = review(state, await guard.acheck_many(_last_ai_message(state, messages_key).tool_calls, state))
+        outcomes = review(state, await gate.averdicts(_last_ai_message(state, messages_key).tool_calls, state))
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
         return command(state, outcomes, await guard.acheck_many(edits, state) if edits else [])
 

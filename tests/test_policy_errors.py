@@ -59,6 +59,7 @@ def _broken(old: str, new: str) -> str:
         (_broken("when: answers.destructive >= thresholds.destructive", "when: answers.destructive"), 17, "rules[0].when", "true or false", "compare"),
         (_broken("when: answers.destructive >= thresholds.destructive", "when: answers.team > 0.5"), 17, "rules[0].when", "CEL type error", None),
         (_broken("name: demo", "name: demo\nname: other"), 3, None, "appears twice", "keep one"),
+        (_broken("answers.destructive >= thresholds.destructive", 'tool.name.matches("(?=rm)")'), 17, "rules[0].when", "invalid regular expression", "RE2"),
         (_broken("criteria: {ops: null, dev: null}", "criteria: {ops: null, OPS: null}"), 12, "questions.team.criteria.OPS", "same label", None),
     ],
 )

@@ -1,0 +1,130 @@
+"""Example 1: a create_agent agent with real file and SQLite tools, guarded by clef-guard.
+
+    make demo      # or: python examples/guarded_agent.py
+
+The agent works in a temporary folder holding notes and a SQLite database. It is
+guarded by the shipped destructive-actions and outbound-communication policies on the
+embedded engine, and checkpointed in SQLite, so a call that needs a person pauses the
+run (an interrupt) and a later invoke resumes it (``Command(resume=...)``). Here the
+"person" is scripted: it rejects an unbounded DELETE once, then approves the edited,
+bounded one, and approves outbound mail.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from langchain.agents import create_agent
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+
+from _demo import ScriptedChatModel, console, print_verdict
+from clef_guard import Guard, LocalDecisionModel, load_policies
+from clef_guard.integrations.langchain import GuardMiddleware
+
+POLICIES = Path(__file__).parent.parent / "policies"
+
+
+def make_tools(root: Path, db: sqlite3.Connection) -> list[Any]:
+    """File and SQL tools that really act on ``root`` and ``db``."""
+
+    @tool
+    def list_files(folder: str) -> str:
+        """List the files in a folder of the workspace."""
+        return "\n".join(sorted(p.name for p in (root / folder).iterdir()))
+
+    @tool
+    def delete_file(path: str) -> str:
+        """Delete a file in the workspace."""
+        (root / path).unlink()
+        return f"deleted {path}"
+
+    @tool
+    def run_sql(query: str) -> str:
+        """Run one SQL statement on the orders database."""
+        cursor = db.execute(query)
+        db.commit()
+        return str(cursor.fetchall() if cursor.description else f"{cursor.rowcount} rows changed")
+
+    @tool
+    def send_email(to: str, subject: str, body: str) -> str:
+        """Send an email (written to the outbox folder)."""
+        (root / "outbox").mkdir(exist_ok=True)
+        (root / "outbox" / f"{subject}.eml").write_text(f"To: {to}\n\n{body}")
+        return f"sent to {to}"
+
+    return [list_files, delete_file, run_sql, send_email]
+
+
+TURNS = [
+    [("list_files", {"folder": "notes"})],
+    [("run_sql", {"query": "SELECT status, count(*) FROM orders GROUP BY status"})],
+    [("run_sql", {"query": "DELETE FROM orders"})],
+    [("delete_file", {"path": "notes/old.log"})],
+    [("send_email", {"to": "partner@example.org", "subject": "weekly", "body": "3 orders were cancelled this week."})],
+    "Cleaned up the cancelled orders and the old log, and sent the weekly report.",
+]
+
+
+def human(request: dict[str, Any]) -> dict[str, Any]:
+    """The scripted reviewer: narrows the unbounded DELETE, approves everything else."""
+    if request["args"].get("query") == "DELETE FROM orders":
+        bounded = "DELETE FROM orders WHERE status = 'cancelled'"
+        return {"type": "edit", "edited_action": {"name": request["name"], "args": {"query": bounded}}}
+    return {"type": "approve"}
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "notes").mkdir()
+        (root / "notes" / "todo.txt").write_text("ship it")
+        (root / "notes" / "old.log").write_text("stale")
+        db = sqlite3.connect(root / "shop.db", check_same_thread=False)
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT)")
+        db.executemany("INSERT INTO orders (status) VALUES (?)", [("paid",), ("cancelled",)] * 3)
+        db.commit()
+
+        with console.status("Loading the embedded engine (the first run converts it once)..."):
+            engine = LocalDecisionModel()
+        policies = load_policies(POLICIES / "destructive-actions.yaml", POLICIES / "outbound-communication.yaml")
+        guard = Guard(policies, engine=engine, human_review=True, on_verdict=[print_verdict])
+        checkpoints = SqliteSaver(sqlite3.connect(root / "checkpoints.db", check_same_thread=False))
+        agent = create_agent(
+            ScriptedChatModel(turns=TURNS), make_tools(root, db), middleware=[GuardMiddleware(guard)], checkpointer=checkpoints
+        )
+        config = {"configurable": {"thread_id": "demo"}}
+
+        console.rule("The agent runs")
+        result = agent.invoke({"messages": [("user", "Tidy up cancelled orders and old logs, then mail the weekly report to our partner.")]}, config, version="v2")
+        while result.interrupts:
+            answers = {}
+            for pending in result.interrupts:
+                request = pending.value
+                decision = human(request)
+                console.print(
+                    f"[yellow]paused[/yellow] {request['description']}\n  the reviewer answers: {decision}", highlight=False
+                )
+                answers[pending.id] = decision
+            result = agent.invoke(Command(resume=answers), config, version="v2")
+
+        console.rule("What happened")
+        for message in result.value["messages"]:
+            if isinstance(message, ToolMessage):
+                mark = "[green]ran[/green]" if message.status == "success" else "[red]not run[/red]"
+                console.print(f"{mark} {message.name}: {message.text[:110]}", highlight=False)
+        remaining = db.execute("SELECT status, count(*) FROM orders GROUP BY status").fetchall()
+        console.print(f"orders left: {remaining}; notes left: {sorted(p.name for p in (root / 'notes').iterdir())}")
+        db.close()
+
+
+if __name__ == "__main__":
+    main()

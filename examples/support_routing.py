@@ -1,0 +1,75 @@
+"""Example 2: a hand-built LangGraph that routes support requests by intent.
+
+    python examples/support_routing.py
+
+The `triage` node asks the shipped support-routing policy's `choice` on the embedded
+engine; the conditional edge goes to the chosen team when the policy trusts the answer
+(its confidence clears the calibratable `route_confidence` threshold), and to a human
+queue otherwise. The whole answer stays in the graph state under `intent`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+
+from _demo import console
+from clef_guard import LocalDecisionModel
+from clef_guard.integrations.langgraph import intent_router
+
+POLICY = Path(__file__).parent.parent / "policies" / "support-routing.yaml"
+TEAMS = ("billing", "technical", "account", "sales")
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    intent: dict[str, Any]
+
+
+def build(engine: LocalDecisionModel) -> Any:
+    router = intent_router(
+        policy=POLICY,
+        engine=engine,
+        step="triage",
+        routes={team: team for team in TEAMS} | {"other": "human"},
+        fallback="human",
+    )
+    builder = StateGraph(State)
+    builder.add_node("triage", router.node)
+    for team in (*TEAMS, "human"):
+        builder.add_node(team, lambda state, team=team: {"messages": [AIMessage(f"[{team} queue] picked up the request")]})
+        builder.add_edge(team, END)
+    builder.add_edge(START, "triage")
+    builder.add_conditional_edges("triage", router, [*TEAMS, "human"])
+    return builder.compile()
+
+
+REQUESTS = [
+    "I was charged twice for my subscription this month, please refund one.",
+    "The export button throws error 500 since this morning.",
+    "I forgot my password and the reset email never arrives.",
+    "Do you offer a discount for 200 seats on the enterprise plan?",
+    "What's your favourite colour?",
+]
+
+
+def main() -> None:
+    with console.status("Loading the embedded engine..."):
+        graph = build(LocalDecisionModel())
+    for text in REQUESTS:
+        state = graph.invoke({"messages": [HumanMessage(text)]})
+        intent = state["intent"]
+        probabilities = ", ".join(f"{k} {v:.2f}" for k, v in intent["answer"]["probabilities"].items())
+        trusted = "trusted" if intent["confident"] else f"not trusted ({intent['rule']})"
+        console.print(f"[bold]{text}[/bold]\n  -> {intent['route']}: {intent['label']} {trusted}; {probabilities}", highlight=False)
+
+
+if __name__ == "__main__":
+    main()
