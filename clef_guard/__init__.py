@@ -1,5 +1,6 @@
 """clef-guard: calibrated guardrails for LangGraph and LangChain agents."""
 
+from clef_guard._audit import JsonlSpanExporter as JsonlSpanExporter
 from clef_guard._backbone import CACHE_ENV as CACHE_ENV
 from clef_guard._backbone import EMBEDDED_MODEL as EMBEDDED_MODEL
 from clef_guard._engine import LocalClassifierResponse as LocalClassifierResponse
@@ -19,6 +20,7 @@ from clef_guard._gate import Verdict as Verdict
 from clef_guard._gate import load_calibration as load_calibration
 from clef_guard._head import DecisionHead as DecisionHead
 from clef_guard._policy import Policy as Policy
+from clef_guard._telemetry import Telemetry as Telemetry
 from clef_guard._policy import load_policies as load_policies
 from clef_guard._policy import load_policy as load_policy
 from clef_guard._policy import parse_policy as parse_policy
@@ -32,6 +34,7 @@ __all__ = [
     "EngineError",
     "EngineTimeoutError",
     "Guard",
+    "JsonlSpanExporter",
     "LocalClassifierResponse",
     "LocalDecisionModel",
     "ModelLoadError",
@@ -39,6 +42,7 @@ __all__ = [
     "PolicyDecision",
     "PolicyError",
     "RequestError",
+    "Telemetry",
     "ToolBlockedError",
     "UnsupportedQuestionError",
     "Verdict",

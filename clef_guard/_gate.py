@@ -31,6 +31,7 @@ from langchain_core.messages import BaseMessage
 
 from clef_guard._errors import EngineError, EngineTimeoutError, PolicyError
 from clef_guard._policy import SEVERITY, Policy
+from clef_guard._telemetry import Telemetry
 
 _log = logging.getLogger("clef_guard")
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="clef-guard")
@@ -71,6 +72,8 @@ class Verdict:
     error: str | None = None
     phase: str = "before_tool"
     """``before_tool`` (a proposed call), ``after_tool`` (its result) or ``route``."""
+    input_tokens: int = 0
+    """Tokens the engines read for this decision."""
 
     @property
     def allowed(self) -> bool:
@@ -123,6 +126,9 @@ class _Check:
     groups: list[_Group]
     start: float
     phase: str
+    start_ns: int = field(default_factory=time.time_ns)
+    errors: list[BaseException] = field(default_factory=list)
+    input_tokens: int = 0
 
 
 @dataclass
@@ -158,6 +164,9 @@ class Guard:
     on_verdict
         Callables given every verdict as it is made (logging, UIs, tests); an error in
         one is logged and never changes the verdict.
+    telemetry
+        Where decisions are recorded as OpenTelemetry spans and metrics; the global
+        providers, with no content captured, when omitted.
     """
 
     def __init__(
@@ -170,6 +179,7 @@ class Guard:
         timeout_s: float | None = 10.0,
         calibration: str | Path | Mapping[str, Any] | None = None,
         on_verdict: Sequence[Callable[[Verdict], None]] = (),
+        telemetry: Telemetry | None = None,
     ) -> None:
         overrides = load_calibration(calibration) if calibration is not None else {}
         by_name = {p.name: p for p in policies}
@@ -183,6 +193,7 @@ class Guard:
         self.human_review = human_review
         self.timeout_s = timeout_s
         self.on_verdict = list(on_verdict)
+        self.telemetry = telemetry or Telemetry()
 
     @property
     def engine(self) -> BaseDecisionModel:
@@ -229,7 +240,7 @@ class Guard:
         if any(again):
             replies = self._ask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
             decisions = self._merge_runs(runs, decisions, again, replies)
-        return self._publish([self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
+        return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
 
     async def acheck_many(
         self,
@@ -246,7 +257,7 @@ class Guard:
         if any(again):
             replies = await self._aask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
             decisions = self._merge_runs(runs, decisions, again, replies)
-        return self._publish([self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
+        return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
 
     def _decide_runs(self, runs: list[_Check], replies: list[ClassifierResponse | Exception]) -> list[list[PolicyDecision]]:
         """Split one batch of replies back to the checks that asked them."""
@@ -336,6 +347,10 @@ class Guard:
         """Each policy's decision from its group's reply; a failed reply fails closed."""
         decisions = []
         for group, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, Exception):
+                run.errors.append(reply)
+            elif reply.usage is not None:
+                run.input_tokens += int(reply.usage.get("input_tokens") or 0)
             for policy in group.policies:
                 calibrated = policy.name in self._calibrated
                 answers = None
@@ -356,8 +371,12 @@ class Guard:
                     )
         return decisions
 
-    def _publish(self, verdicts: list[Verdict]) -> list[Verdict]:
-        for verdict in verdicts:
+    def _publish(self, runs: list[_Check], verdicts: list[Verdict]) -> list[Verdict]:
+        for run, verdict in zip(runs, verdicts, strict=True):
+            try:
+                self.telemetry.record(verdict, start_ns=run.start_ns, state=run.state, errors=run.errors)
+            except Exception:  # auditing must never change or block a verdict
+                _log.exception("recording a decision failed")
             for listener in self.on_verdict:
                 try:
                     listener(verdict)
@@ -372,7 +391,7 @@ class Guard:
         errors = [d.error for d in decisions if d.error]
         if not decisions:
             return Verdict(
-                "allow", None, None, "no policy applies", (), call, _ms(start), engine_name, escalation_name, None, run.phase
+                "allow", None, None, "no policy applies", (), call, _ms(start), engine_name, escalation_name, None, run.phase, 0
             )
         final = max(decisions, key=lambda d: SEVERITY[d.action])
         action, message = final.action, final.message
@@ -393,6 +412,7 @@ class Guard:
             escalation_engine=escalation_name,
             error="; ".join(errors) or None,
             phase=run.phase,
+            input_tokens=run.input_tokens,
         )
 
 

@@ -3,6 +3,7 @@
     clef-guard lint PATH...                       check policy files (exit 1 on errors)
     clef-guard explain --policy FILE --tool-call JSON [--state FILE] [--json]
                                                   ask the engine, show answers, rules, verdict
+    clef-guard audit summarize FILE... [--json]   decisions per policy and verdict
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from clef_guard._audit import read_records, summarize
 from clef_guard._errors import ClefGuardError, PolicyError
 from clef_guard._gate import Guard, Verdict, rule_trace
 from clef_guard._policy import Policy, load_policy
@@ -39,10 +41,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.add_argument("--model", default=None, help="engine backbone (default: the embedded model)")
     explain.add_argument("--adapter", default=None, help="peft adapter folder for the engine")
     explain.add_argument("--json", action="store_true", help="print one JSON object")
+    audit = commands.add_parser("audit", help="read audit logs").add_subparsers(dest="audit_command", required=True)
+    summary = audit.add_parser("summarize", help="decisions per policy and verdict")
+    summary.add_argument("files", nargs="+", type=Path, help="JSON-lines audit files")
+    summary.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     console = Console()
     if args.command == "lint":
         return _lint(args.paths, console)
+    if args.command == "audit":
+        return _summarize(args.files, args.json, console)
     try:
         return _explain(args, console)
     except ClefGuardError as exc:
@@ -65,6 +73,34 @@ def _lint(paths: list[Path], console: Console) -> int:
         console.print("[red]✗[/red] no policy files found")
         return 1
     return 1 if errors else 0
+
+
+def _summarize(files: list[Path], as_json: bool, console: Console) -> int:
+    try:
+        rows = summarize(read_records(files))
+    except (OSError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]error:[/red] cannot read the audit log: {exc}", highlight=False)
+        return 2
+    if as_json:
+        print(json.dumps({"policies": rows}, indent=2))
+        return 0
+    table = Table(title="clef-guard decisions per policy")
+    table.add_column("policy", overflow="fold")
+    for column in ("n", "allow", "conf", "esc", "deny", "conf%", "deny%", "p50ms", "p95ms"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        counts = row["verdicts"]
+        table.add_row(
+            row["policy"],
+            str(row["decisions"]),
+            *(str(counts.get(v, 0)) for v in ("allow", "confirm", "escalate", "deny")),
+            f"{row['confirm_rate']:.0%}",
+            f"{row['deny_rate']:.0%}",
+            f"{row['p50_ms']:.1f}",
+            f"{row['p95_ms']:.1f}",
+        )
+    console.print(table)
+    return 0
 
 
 def _explain(args: argparse.Namespace, console: Console) -> int:
