@@ -4,6 +4,9 @@
     clef-guard explain --policy FILE --tool-call JSON [--state FILE] [--json]
                                                   ask the engine, show answers, rules, verdict
     clef-guard audit summarize FILE... [--json]   decisions per policy and verdict
+    clef-guard train --task NAME... --out DIR     fit a decision head on cached backbone features
+    clef-guard calibrate --head FILE --task NAME  temperature, ECE/Brier, reliability PNG, thresholds
+    clef-guard eval --task NAME --split test      accuracy, macro-F1, ECE, Brier, p50 latency
 """
 
 from __future__ import annotations
@@ -45,8 +48,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = audit.add_parser("summarize", help="decisions per policy and verdict")
     summary.add_argument("files", nargs="+", type=Path, help="JSON-lines audit files")
     summary.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_training_commands(commands)
     args = parser.parse_args(argv)
     console = Console()
+    if args.command in ("train", "calibrate", "eval"):
+        from clef_guard import _cli_training
+
+        try:
+            return _cli_training.run(args, console)
+        except ClefGuardError as exc:
+            Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+            return 2
     if args.command == "lint":
         return _lint(args.paths, console)
     if args.command == "audit":
@@ -56,6 +68,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClefGuardError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
+
+
+def _add_training_commands(commands: Any) -> None:
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--model", default=None, help="backbone (default: the embedded model)")
+    engine.add_argument("--adapter", default=None, help="peft adapter folder")
+    engine.add_argument("--limit", type=int, default=None, help="a fixed-seed random sample of N examples per task")
+    engine.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    engine.add_argument("--json", action="store_true", help="print one JSON object")
+    train = commands.add_parser("train", parents=[engine], help="train a decision head")
+    train.add_argument("--task", action="append", default=[], help="a task from the shared datasets (repeat)")
+    train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
+    train.add_argument("--split", default="train")
+    train.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
+    train.add_argument("--epochs", type=int, default=None)
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--label-smoothing", type=float, default=None)
+    train.add_argument("--brier-weight", type=float, default=None)
+    calibrate = commands.add_parser("calibrate", parents=[engine], help="calibrate a head and pick thresholds")
+    calibrate.add_argument("--head", type=Path, required=True, help="decision head file (updated with temperatures)")
+    calibrate.add_argument("--task", action="append", required=True)
+    calibrate.add_argument("--split", default="dev")
+    calibrate.add_argument("--target-error", type=float, default=0.01)
+    calibrate.add_argument("--confidence", type=float, default=0.95)
+    calibrate.add_argument("--out", type=Path, default=Path("calibration.yaml"), help="calibration file to write")
+    calibrate.add_argument("--plot", type=Path, default=Path("reliability.png"), help="reliability diagram (PNG)")
+    calibrate.add_argument(
+        "--policy-threshold", action="append", default=[], metavar="POLICY:NAME",
+        help="write the chosen threshold as this policy threshold in the calibration file",
+    )
+    evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task")
+    evaluate.add_argument("--task", required=True)
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--head", default=None, help="decision head file")
+    evaluate.add_argument("--engine", action="append", default=[], choices=["local", "sparrow"], help="repeat to compare")
 
 
 def _lint(paths: list[Path], console: Console) -> int:

@@ -104,15 +104,22 @@ def test_opted_in_content_is_redacted_and_cut() -> None:
     assert attributes["clef_guard.state"].endswith("chars cut]") and len(attributes["clef_guard.state"]) < 80
 
 
-def test_failing_engine_gives_an_error_span_with_the_fail_closed_action() -> None:
+@pytest.mark.parametrize(
+    ("engine", "error_type", "phrase"),
+    [
+        (ScriptedDecisionModel(fail=True), "RuntimeError", "scripted engine failure"),
+        (ScriptedDecisionModel(delay_s=0.5), "EngineTimeoutError", "did not answer within"),
+    ],
+)
+def test_failing_or_slow_engine_gives_an_error_span_with_the_fail_closed_action(engine: Any, error_type: str, phrase: str) -> None:
     recorder = Recorder()
-    verdict = recorder.guard({}, OUTBOUND, engine=ScriptedDecisionModel(fail=True)).check({"name": "send_email", "args": {}})
+    verdict = recorder.guard({}, OUTBOUND, engine=engine, timeout_s=0.1).check({"name": "send_email", "args": {}})
     (span,) = recorder.spans.get_finished_spans()
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["clef_guard.fail_closed.action"] == verdict.action == "deny"
-    assert span.attributes["error.type"] == "RuntimeError"
+    assert span.attributes["error.type"] == error_type
     (exception,) = [e for e in span.events if e.name == "exception"]
-    assert "scripted engine failure" in exception.attributes["exception.message"]
+    assert phrase in exception.attributes["exception.message"]
 
 
 def test_spans_nest_under_the_current_span() -> None:

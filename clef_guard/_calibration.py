@@ -1,0 +1,168 @@
+"""Calibration: temperature scaling, calibration metrics, reliability diagrams, thresholds.
+
+Probabilities are honest when, among answers given with confidence ``c``, a fraction
+``c`` is right. This module measures that (ECE, Brier), fixes it with one temperature
+per question kind, and picks the thresholds a policy can trust:
+:func:`choose_threshold` finds the lowest score threshold whose error rate among
+accepted answers is at most ``target`` with the stated confidence, using the exact
+Clopper-Pearson upper bound, tested in a fixed sequence from the strictest threshold
+down (stopping at the first failure, so scanning many thresholds costs no extra
+confidence: the Learn-then-Test fixed-sequence procedure).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+def expected_calibration_error(confidences: Sequence[float], correct: Sequence[bool], bins: int = 15) -> float:
+    """Top-label ECE: the mean |accuracy - confidence| over equal-width confidence bins."""
+    if len(confidences) != len(correct) or not confidences:
+        raise ValueError("confidences and correct must be non-empty and of equal length")
+    total, ece = len(confidences), 0.0
+    for b in range(bins):
+        low, high = b / bins, (b + 1) / bins
+        members = [i for i, c in enumerate(confidences) if (low < c <= high) or (b == 0 and c == 0.0)]
+        if members:
+            accuracy = sum(bool(correct[i]) for i in members) / len(members)
+            confidence = sum(confidences[i] for i in members) / len(members)
+            ece += len(members) / total * abs(accuracy - confidence)
+    return ece
+
+
+def brier_score(probabilities: Sequence[Sequence[float]], labels: Sequence[int]) -> float:
+    """Mean over examples of the squared distance between the distribution and the one-hot label."""
+    if len(probabilities) != len(labels) or not labels:
+        raise ValueError("probabilities and labels must be non-empty and of equal length")
+    return sum(
+        sum((p - (1.0 if i == label else 0.0)) ** 2 for i, p in enumerate(row)) for row, label in zip(probabilities, labels, strict=True)
+    ) / len(labels)
+
+
+def fit_temperature(logits: Sequence[torch.Tensor], labels: Sequence[int], *, steps: int = 200) -> float:
+    """The temperature that minimises the negative log-likelihood of ``labels`` (ragged logits)."""
+    if len(logits) != len(labels) or not labels:
+        raise ValueError("logits and labels must be non-empty and of equal length")
+    width = max(len(row) for row in logits)
+    padded = torch.full((len(logits), width), float("-inf"))
+    for i, row in enumerate(logits):
+        padded[i, : len(row)] = row.detach().float()
+    targets = torch.tensor(list(labels))
+    log_t = torch.zeros((), requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(padded / log_t.exp(), targets)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+def clopper_pearson_upper(errors: int, n: int, confidence: float = 0.95) -> float:
+    """Exact one-sided upper confidence bound on a binomial rate (``errors`` out of ``n``)."""
+    if not 0 <= errors <= n:
+        raise ValueError(f"need 0 <= errors <= n, got {errors} of {n}")
+    if n == 0 or errors == n:
+        return 1.0
+    alpha = 1.0 - confidence
+    low, high = errors / n, 1.0
+    for _ in range(100):  # bisection: P(X <= errors | n, p) is decreasing in p
+        middle = (low + high) / 2
+        if _binomial_cdf(errors, n, middle) > alpha:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    """The chosen threshold and what it buys."""
+
+    threshold: float | None
+    """Accept answers scoring at least this; ``None`` when no threshold meets the target."""
+    coverage: float
+    """Fraction of answers accepted."""
+    errors: int
+    accepted: int
+    error_upper_bound: float
+    """Clopper-Pearson upper bound on the error rate among accepted answers."""
+
+
+def choose_threshold(
+    scores: Sequence[float], correct: Sequence[bool], *, target_error: float, confidence: float = 0.95
+) -> ThresholdChoice:
+    """The lowest threshold whose accepted answers err at most ``target_error`` with ``confidence``.
+
+    Thresholds are the distinct scores, tested from the highest down; testing stops at
+    the first one whose Clopper-Pearson bound exceeds the target (fixed-sequence testing).
+    """
+    if len(scores) != len(correct) or not scores:
+        raise ValueError("scores and correct must be non-empty and of equal length")
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    best = ThresholdChoice(None, 0.0, 0, 0, 1.0)
+    accepted = errors = 0
+    index = 0
+    while index < len(order):
+        threshold = scores[order[index]]
+        while index < len(order) and scores[order[index]] >= threshold:
+            accepted += 1
+            errors += not correct[order[index]]
+            index += 1
+        bound = clopper_pearson_upper(errors, accepted, confidence)
+        if bound > target_error:
+            break
+        best = ThresholdChoice(threshold, accepted / len(scores), errors, accepted, bound)
+    return best
+
+
+def reliability_diagram(
+    confidences: Sequence[float], correct: Sequence[bool], path: str | Path, *, title: str, bins: int = 15
+) -> Path:
+    """Write a reliability diagram (accuracy against confidence per bin, with counts) as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    centres, accuracies, counts = [], [], []
+    for b in range(bins):
+        low, high = b / bins, (b + 1) / bins
+        members = [i for i, c in enumerate(confidences) if low < c <= high or (b == 0 and c == 0.0)]
+        if members:
+            centres.append(sum(confidences[i] for i in members) / len(members))
+            accuracies.append(sum(bool(correct[i]) for i in members) / len(members))
+            counts.append(len(members))
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), height_ratios=(3, 1), sharex=True)
+    top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+    top.plot(centres, accuracies, marker="o", label="answers")
+    top.set_ylabel("accuracy")
+    top.set_title(f"{title}\nECE {expected_calibration_error(confidences, correct, bins):.3f}, n={len(confidences)}")
+    top.legend(loc="upper left")
+    bottom.bar(centres, counts, width=1 / bins, color="tab:blue", alpha=0.6)
+    bottom.set_xlabel("confidence")
+    bottom.set_ylabel("answers")
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q for i in range(k + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))

@@ -1,0 +1,225 @@
+"""The ``train``, ``calibrate`` and ``eval`` commands (progress bars, tables, ``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from langchain_core.decisions import BaseDecisionModel
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from clef_guard._calibration import (
+    brier_score,
+    choose_threshold,
+    expected_calibration_error,
+    fit_temperature,
+    reliability_diagram,
+)
+from clef_guard._datasets import Example, load_task
+from clef_guard._engine import LocalDecisionModel
+from clef_guard._errors import ClefGuardError
+from clef_guard._evaluation import SparrowDecisionModel, evaluate
+from clef_guard._head import HEAD_FILE, KINDS, DecisionHead
+from clef_guard._training import Features, TrainConfig, config_dict, extract_features, predict, train_head
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Dispatch one of the three commands."""
+    return {"train": _train, "calibrate": _calibrate, "eval": _eval}[args.command](args, console)
+
+
+@contextmanager
+def _progress(console: Console, quiet: bool) -> Iterator[Progress]:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=quiet and not console.is_terminal) as progress:
+        yield progress
+
+
+def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionModel:
+    options = {"model": args.model, "adapter": args.adapter, "head": head}
+    return LocalDecisionModel(**{k: v for k, v in options.items() if v})
+
+
+def _examples(tasks: list[str], files: list[Path], split: str, limit: int | None, seed: int) -> list[Example]:
+    examples = [e for task in tasks for e in load_task(task, split, limit=limit, seed=seed)]
+    for file in files:
+        examples += _jsonl_examples(file)
+    if not examples:
+        raise ClefGuardError("no examples: give --task NAME or --data FILE.jsonl")
+    return examples
+
+
+def _jsonl_examples(path: Path) -> list[Example]:
+    from clef_guard._requests import parse_questions
+
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            parsed = {p.id: p for p in parse_questions(row["questions"])}
+            for qid, label in row["labels"].items():
+                label = str(label).lower() if isinstance(label, bool) else str(label)
+                label = {"true": "yes", "false": "no"}.get(label, label) if parsed[qid].kind == "noul" else label
+                if label not in parsed[qid].options:
+                    raise ValueError(f"label {label!r} of question {qid!r} is not one of its options")
+                examples.append(Example(f"{path.name}:{number}:{qid}", row["state"], parsed[qid].source, label))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ClefGuardError(f"{path}:{number}: {exc} (rows are {{state, questions, labels}})") from None
+    return examples
+
+
+def _features(engine: LocalDecisionModel, examples: list[Example], console: Console, quiet: bool, what: str) -> list[Features]:
+    with _progress(console, quiet) as progress:
+        bar = progress.add_task(what, total=len(examples))
+        return extract_features(engine, examples, on_progress=lambda done, total: progress.update(bar, completed=done))
+
+
+def _train(args: argparse.Namespace, console: Console) -> int:
+    started = time.perf_counter()
+    engine = _engine(args)
+    examples = _examples(args.task, args.data, args.split, args.limit, args.seed)
+    features = _features(engine, examples, console, args.json, "reading examples with the backbone")
+    feature_s = time.perf_counter() - started
+    overrides = {
+        "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight
+    }
+    config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    with _progress(console, args.json) as progress:
+        bar = progress.add_task("training the head", total=config.epochs)
+        head, history = train_head(
+            features, engine.backbone.hidden_size, config, on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch)
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    head.save(args.out / HEAD_FILE)
+    report = {
+        "backbone": engine.model,
+        "adapter": engine.adapter,
+        "tasks": args.task,
+        "data": [str(d) for d in args.data],
+        "split": args.split,
+        "n": len(examples),
+        "config": config_dict(config),
+        "loss_first_epoch": history[0],
+        "loss_last_epoch": history[-1],
+        "train_accuracy": _accuracy(predict(head, features), features),
+        "feature_seconds": round(feature_s, 1),
+        "train_seconds": round(time.perf_counter() - started - feature_s, 1),
+        "head": str(args.out / HEAD_FILE),
+    }
+    (args.out / "train_report.json").write_text(json.dumps(report, indent=2))
+    _print(report, args.json, console, "trained")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, console: Console) -> int:
+    engine = _engine(args)
+    head = DecisionHead.load(args.head, engine.backbone.hidden_size)
+    with torch.no_grad():
+        head.log_temperature.zero_()
+    examples = _examples(args.task, [], args.split, args.limit, args.seed)
+    features = _features(engine, examples, console, args.json, "reading the calibration split")
+    before = predict(head, features)
+    temperatures = {}
+    for index, kind in enumerate(KINDS):
+        mine = [f for f in features if f.kind == kind]
+        if mine:
+            with torch.no_grad():
+                logits = [head(f.hidden, f.lm_logprob, kind) for f in mine]
+            temperatures[kind] = fit_temperature(logits, [f.label for f in mine])
+            with torch.no_grad():
+                head.log_temperature[index] = torch.log(torch.tensor(temperatures[kind]))
+    after = predict(head, features)
+    head.save(args.head)
+    confidences = [float(p.max()) for p in after]
+    correct = [int(p.argmax()) == f.label for p, f in zip(after, features, strict=True)]
+    choice = choose_threshold(confidences, correct, target_error=args.target_error, confidence=args.confidence)
+    reliability_diagram(confidences, correct, args.plot, title=f"{', '.join(args.task)} ({args.split}), calibrated")
+    report = {
+        "tasks": args.task,
+        "split": args.split,
+        "n": len(features),
+        "temperatures": temperatures,
+        "before": _quality(before, features),
+        "after": _quality(after, features),
+        "threshold": {
+            "target_error": args.target_error,
+            "confidence": args.confidence,
+            "bound": "Clopper-Pearson upper bound, fixed-sequence testing from the strictest threshold",
+            "threshold": choice.threshold,
+            "coverage": choice.coverage,
+            "accepted": choice.accepted,
+            "errors": choice.errors,
+            "error_upper_bound": choice.error_upper_bound,
+        },
+        "plot": str(args.plot),
+        "calibration_file": str(args.out),
+    }
+    policies: dict[str, dict[str, dict[str, float]]] = {}
+    for spec in args.policy_threshold:
+        policy, _, name = spec.partition(":")
+        if not name or choice.threshold is None:
+            raise ClefGuardError(f"cannot set {spec!r}: write POLICY:NAME, and a threshold must meet the target")
+        policies.setdefault(policy, {"thresholds": {}})["thresholds"][name] = round(choice.threshold, 6)
+    args.out.write_text(yaml.safe_dump({"version": 1, "policies": policies, "report": report}, sort_keys=False))
+    _print(report, args.json, console, "calibrated")
+    return 0
+
+
+def _eval(args: argparse.Namespace, console: Console) -> int:
+    examples = load_task(args.task, args.split, limit=args.limit, seed=args.seed)
+    engines: list[BaseDecisionModel] = []
+    for name in args.engine or ["local"]:
+        engines.append(_engine(args, args.head) if name == "local" else SparrowDecisionModel())
+    results = []
+    for engine in engines:
+        with _progress(console, args.json) as progress:
+            bar = progress.add_task(f"{args.task} on {engine.model}", total=len(examples))
+            result = evaluate(engine, args.task, examples, on_progress=lambda done, total: progress.update(bar, completed=done))
+        result.update({"split": args.split, "limit": args.limit, "seed": args.seed})
+        results.append(result)
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        return 0
+    table = Table(title=f"{args.task} ({args.split}, n={len(examples)})")
+    for column in ("engine", "accuracy", "macro_f1", "ece", "brier", "p50_ms"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    for r in results:
+        table.add_row(r["engine"], *(f"{r[k]:.4f}" if k != "p50_ms" else f"{r[k]:.1f}" for k in ("accuracy", "macro_f1", "ece", "brier", "p50_ms")))
+    console.print(table)
+    return 0
+
+
+def _quality(probabilities: list[torch.Tensor], features: list[Features]) -> dict[str, float]:
+    confidences = [float(p.max()) for p in probabilities]
+    correct = [int(p.argmax()) == f.label for p, f in zip(probabilities, features, strict=True)]
+    return {
+        "accuracy": _accuracy(probabilities, features),
+        "ece": expected_calibration_error(confidences, correct),
+        "brier": brier_score([p.tolist() for p in probabilities], [f.label for f in features]),
+    }
+
+
+def _accuracy(probabilities: list[torch.Tensor], features: list[Features]) -> float:
+    return sum(int(p.argmax()) == f.label for p, f in zip(probabilities, features, strict=True)) / len(features)
+
+
+def _print(report: dict[str, Any], as_json: bool, console: Console, title: str) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in report.items():
+        table.add_row(key, json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+    console.print(table)

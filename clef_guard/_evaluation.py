@@ -1,0 +1,105 @@
+"""Evaluate any decision model on a labeled task, through its public ``invoke``.
+
+Every example is one real request, so the numbers include everything a user pays for
+(serialisation, the engine, the head) and ``p50_ms`` is a real per-request latency.
+``SparrowDecisionModel`` wraps the peer ``sparrow-decider`` (pip, numpy, its own
+weights) so both are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, Question, State
+
+from clef_guard._calibration import brier_score, expected_calibration_error
+from clef_guard._datasets import Example
+from clef_guard._errors import ClefGuardError
+from clef_guard._requests import parse_questions
+from clef_guard._state import state_segments
+
+
+def evaluate(
+    engine: BaseDecisionModel,
+    task: str,
+    examples: Sequence[Example],
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Accuracy, macro-F1, ECE, Brier and median latency of ``engine`` on ``examples``."""
+    if not examples:
+        raise ClefGuardError(f"task {task!r} has no examples to evaluate")
+    labels, predictions, distributions, gold, confidences, latencies = [], [], [], [], [], []
+    for done, example in enumerate(examples, start=1):
+        (parsed,) = parse_questions({"q": example.question})
+        start = time.perf_counter()
+        response = engine.invoke({"state": example.state, "questions": {"q": example.question}})
+        latencies.append(1000 * (time.perf_counter() - start))
+        probabilities = _option_probabilities(response.answers["q"], parsed.options)
+        best = max(range(len(probabilities)), key=probabilities.__getitem__)
+        labels.append(example.label)
+        predictions.append(parsed.options[best])
+        distributions.append(probabilities)
+        gold.append(parsed.options.index(example.label))
+        confidences.append(probabilities[best])
+        if on_progress:
+            on_progress(done, len(examples))
+    correct = [p == y for p, y in zip(predictions, labels, strict=True)]
+    return {
+        "task": task,
+        "engine": getattr(engine, "model", type(engine).__name__),
+        "n": len(examples),
+        "accuracy": sum(correct) / len(correct),
+        "macro_f1": macro_f1(labels, predictions),
+        "ece": expected_calibration_error(confidences, correct),
+        "brier": brier_score(distributions, gold),
+        "p50_ms": statistics.median(latencies),
+    }
+
+
+def macro_f1(labels: Sequence[str], predictions: Sequence[str]) -> float:
+    """Unweighted mean of per-class F1 over the classes present in the labels."""
+    scores = []
+    for cls in sorted(set(labels)):
+        tp = sum(1 for y, p in zip(labels, predictions, strict=True) if y == cls and p == cls)
+        fp = sum(1 for y, p in zip(labels, predictions, strict=True) if y != cls and p == cls)
+        fn = sum(1 for y, p in zip(labels, predictions, strict=True) if y == cls and p != cls)
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return sum(scores) / len(scores)
+
+
+def _option_probabilities(answer: Any, options: tuple[str, ...]) -> list[float]:
+    if answer.type == "noul":
+        return [1.0 - answer.noul, answer.noul]
+    by_key = {str(k): v for k, v in answer.probabilities.items()}
+    return [float(by_key.get(option, 0.0)) for option in options]
+
+
+class SparrowDecisionModel(BaseDecisionModel):
+    """The peer ``sparrow-decider`` as a ``BaseDecisionModel`` (a baseline in evaluations).
+
+    It reads the same serialised state text as our engine, so both see the same data.
+    """
+
+    model: str = "sparrow-nano-general-v1.1"
+    _decider: Any = None
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Load the peer's bundled weights."""
+        try:
+            from sparrow_decider import Decider
+        except ImportError as exc:
+            raise ClefGuardError("the sparrow baseline needs: pip install 'clef-guard[eval]' (sparrow-decider)") from exc
+        self._decider = Decider.load(self.model)
+
+    @property
+    def _provider(self) -> str:
+        return "sparrow_decider"
+
+    def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
+        text = "\n".join(state_segments(state))
+        wire = {qid: q.model_dump(exclude_none=True) if hasattr(q, "model_dump") else q for qid, q in questions.items()}
+        return ClassifierResponse.model_validate({"model": self.model, "answers": self._decider.ask(text, wire)})

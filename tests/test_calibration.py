@@ -1,0 +1,100 @@
+"""Calibration metrics, temperature scaling and the threshold bound, on simulated data."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clef_guard._calibration import (
+    _binomial_cdf,
+    brier_score,
+    choose_threshold,
+    clopper_pearson_upper,
+    expected_calibration_error,
+    fit_temperature,
+    reliability_diagram,
+)
+
+
+def _calibrated(n: int, seed: int) -> tuple[list[float], list[bool]]:
+    rng = random.Random(seed)
+    confidences = [rng.uniform(0.3, 1.0) for _ in range(n)]
+    return confidences, [rng.random() < c for c in confidences]
+
+
+def test_ece_is_near_zero_when_calibrated_and_large_when_overconfident() -> None:
+    confidences, correct = _calibrated(20000, 0)
+    assert expected_calibration_error(confidences, correct) < 0.02
+    overconfident = [min(1.0, c + 0.2) for c in confidences]
+    assert expected_calibration_error(overconfident, correct) > 0.1
+
+
+def test_brier_score_of_known_distributions() -> None:
+    assert brier_score([[1.0, 0.0], [0.5, 0.5]], [0, 1]) == pytest.approx((0 + 0.5) / 2)
+    assert brier_score([[0.0, 0.0, 1.0]], [0]) == pytest.approx(2.0)
+
+
+def test_temperature_scaling_recovers_the_temperature_and_lowers_ece() -> None:
+    torch.manual_seed(0)
+    logits = [torch.randn(4) * 3 for _ in range(4000)]
+    labels = [int(torch.multinomial(torch.softmax(z / 2.5, -1), 1)) for z in logits]
+    temperature = fit_temperature(logits, labels)
+    assert temperature == pytest.approx(2.5, rel=0.1)
+
+    def ece(t: float) -> float:
+        probs = [torch.softmax(z / t, -1) for z in logits]
+        return expected_calibration_error([float(p.max()) for p in probs], [int(p.argmax()) == y for p, y in zip(probs, labels)])
+
+    assert ece(temperature) < ece(1.0) / 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=300).flatmap(lambda n: st.tuples(st.just(n), st.integers(min_value=0, max_value=n - 1))))
+def test_clopper_pearson_bound_has_its_exact_tail(case: tuple[int, int]) -> None:
+    n, errors = case
+    upper = clopper_pearson_upper(errors, n, 0.95)
+    assert errors / n <= upper <= 1.0
+    assert _binomial_cdf(errors, n, upper) == pytest.approx(0.05, abs=1e-6)
+    assert clopper_pearson_upper(errors + 1, n, 0.95) >= upper
+
+
+def test_bound_covers_the_true_rate_at_least_95_percent_of_the_time() -> None:
+    rng = random.Random(1)
+    misses = 0
+    for _ in range(2000):
+        errors = sum(rng.random() < 0.05 for _ in range(200))
+        misses += clopper_pearson_upper(errors, 200, 0.95) < 0.05
+    assert misses / 2000 <= 0.05 + 0.015
+
+
+def test_chosen_thresholds_keep_the_true_error_under_target() -> None:
+    """Scores carry signal (P(correct) = score); the true error above the chosen threshold
+    must be at most the target in >= 95% of simulated calibration sets."""
+    rng = random.Random(2)
+    target, failures, runs = 0.05, 0, 300
+    for _ in range(runs):
+        scores = [rng.random() for _ in range(1000)]
+        correct = [rng.random() < 0.5 + 0.5 * s for s in scores]
+        choice = choose_threshold(scores, correct, target_error=target, confidence=0.95)
+        if choice.threshold is not None:
+            t = choice.threshold
+            true_error = (1 - (0.5 + 0.5 * (1 + t) / 2))  # mean of 0.5 - 0.5 s over s ~ U(t, 1)
+            failures += true_error > target
+            assert 0 < choice.coverage <= 1 and choice.error_upper_bound <= target
+    assert failures / runs <= 0.05 + 0.03
+
+
+def test_no_threshold_when_the_target_is_out_of_reach() -> None:
+    choice = choose_threshold([0.9, 0.8, 0.7], [False, True, True], target_error=0.01)
+    assert choice.threshold is None and choice.coverage == 0.0
+
+
+def test_reliability_diagram_is_written(tmp_path: Path) -> None:
+    confidences, correct = _calibrated(500, 3)
+    path = reliability_diagram(confidences, correct, tmp_path / "reliability.png", title="toy")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,105 @@
+"""The public datasets as decision examples: splits, labels and sampling (files only, no model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clef_guard._datasets import DATASETS_ENV, SPLITS, TASKS, Example, datasets_dir, load_task
+from clef_guard._errors import ClefGuardError
+
+try:
+    ROOT = datasets_dir()
+except ClefGuardError:
+    pytest.skip("the public datasets folder is not on this machine", allow_module_level=True)
+
+
+def _splits(task: str) -> tuple[str, ...]:
+    return ("test",) if task == "when2call" else SPLITS
+
+
+def _options(example: Example) -> set[str]:
+    question = example.question
+    return set(question.criteria) if question.type == "choice" else {"yes", "no"}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_split_loads_with_labels_among_the_question_options(task: str) -> None:
+    for split in _splits(task):
+        examples = load_task(task, split, limit=20)
+        assert len(examples) == 20
+        assert len({example.id for example in examples}) == 20
+        for example in examples:
+            assert example.state
+            assert example.label in _options(example), (task, split, example.id)
+
+
+def test_intent_sets_have_every_intent_as_an_option() -> None:
+    (banking,) = load_task("banking77", "test", limit=1)
+    (clinc,) = load_task("clinc150", "test", limit=1)
+    assert len(banking.question.criteria) == 77
+    assert banking.question.criteria["card_arrival"] == "card arrival"
+    assert len(clinc.question.criteria) == 151
+    assert "oos" in clinc.question.criteria
+
+
+@pytest.mark.parametrize("task", ["banking77", "metatool", "injecguard"])
+def test_splits_made_here_are_disjoint(task: str) -> None:
+    splits = {split: load_task(task, split) for split in SPLITS}
+    ids = {split: {example.id for example in examples} for split, examples in splits.items()}
+    texts = {split: {json.dumps(example.state) for example in examples} for split, examples in splits.items()}
+    for one, other in [("train", "dev"), ("train", "test"), ("dev", "test")]:
+        assert not ids[one] & ids[other], (one, other)
+        assert not texts[one] & texts[other], (one, other)
+    assert all(splits.values())
+
+
+def test_limit_sampling_is_reproducible_and_keeps_file_order() -> None:
+    full = [example.id for example in load_task("clinc150", "dev")]
+    first = [example.id for example in load_task("clinc150", "dev", limit=20, seed=3)]
+    assert first == [example.id for example in load_task("clinc150", "dev", limit=20, seed=3)]
+    assert first != [example.id for example in load_task("clinc150", "dev", limit=20, seed=4)]
+    assert first == sorted(first, key=full.index)
+    assert len(load_task("rjudge", "test", limit=10_000)) == len(load_task("rjudge", "test"))
+
+
+@pytest.mark.parametrize(("task", "key"), [("assebench", "assebench_security"), ("rjudge", "rjudge")])
+def test_safety_splits_are_the_ids_in_splits_json(task: str, key: str) -> None:
+    fixed = json.loads((ROOT / "splits.json").read_text(encoding="utf-8"))[key]
+    for split in SPLITS:
+        ids = [example.id for example in load_task(task, split)]
+        assert sorted(ids) == sorted(str(id_) for id_ in fixed[split])
+
+
+def test_states_carry_turns_and_tools() -> None:
+    trajectory = load_task("rjudge", "test")[0].state
+    assert isinstance(trajectory, list)
+    assert all(set(turn) == {"role", "content"} for turn in trajectory)
+    assert any(turn["role"] == "agent" and "Action: " in turn["content"] for turn in trajectory)
+    request = load_task("when2call", "test")[0].state
+    assert isinstance(request, dict)
+    assert request["messages"][0]["role"] == "user"
+    assert all("name" in tool and "description" in tool for tool in request["tools"])
+
+
+def test_when2call_is_test_only() -> None:
+    with pytest.raises(ClefGuardError, match="test-only"):
+        load_task("when2call", "train")
+
+
+def test_unknown_task_or_split_names_the_valid_ones() -> None:
+    with pytest.raises(ClefGuardError) as error:
+        load_task("imdb", "test")
+    assert all(task in str(error.value) for task in TASKS)
+    with pytest.raises(ClefGuardError, match="train, dev, test"):
+        load_task("banking77", "valid")
+
+
+def test_datasets_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path))
+    assert datasets_dir() == tmp_path
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "missing"))
+    with pytest.raises(ClefGuardError, match=DATASETS_ENV):
+        datasets_dir()
