@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench default-head clean
 
 install: $(STAMP)
 
@@ -28,6 +28,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py
+
+# Rebuild the shipped decision head (clef_guard/heads/default.safetensors) from train splits only.
+HEAD_TASKS := --task policies --task metatool --task injecguard
+default-head: $(STAMP)
+	$(VENV)/bin/clef-guard train $(HEAD_TASKS) --out build/default-head
+	$(VENV)/bin/clef-guard calibrate --head build/default-head/decision_head.safetensors $(HEAD_TASKS) --split dev \
+		--target-error 0.05 --out build/default-head/calibration.yaml --plot build/default-head/reliability.png
+	cp build/default-head/decision_head.safetensors clef_guard/heads/default.safetensors
 
 clean:
 	rm -rf $(VENV) .pytest_cache

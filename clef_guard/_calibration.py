@@ -44,10 +44,20 @@ def brier_score(probabilities: Sequence[Sequence[float]], labels: Sequence[int])
     ) / len(labels)
 
 
+MIN_TEMPERATURE_EXAMPLES = 30
+"""Fewer examples than this keep temperature 1: a handful of right answers drives it to 0."""
+TEMPERATURE_RANGE = (0.05, 20.0)
+
+
 def fit_temperature(logits: Sequence[torch.Tensor], labels: Sequence[int], *, steps: int = 200) -> float:
-    """The temperature that minimises the negative log-likelihood of ``labels`` (ragged logits)."""
+    """The temperature (within :data:`TEMPERATURE_RANGE`) minimising the NLL of ``labels`` (ragged logits).
+
+    With fewer than :data:`MIN_TEMPERATURE_EXAMPLES` examples it returns 1.0.
+    """
     if len(logits) != len(labels) or not labels:
         raise ValueError("logits and labels must be non-empty and of equal length")
+    if len(labels) < MIN_TEMPERATURE_EXAMPLES:
+        return 1.0
     width = max(len(row) for row in logits)
     padded = torch.full((len(logits), width), float("-inf"))
     for i, row in enumerate(logits):
@@ -63,7 +73,8 @@ def fit_temperature(logits: Sequence[torch.Tensor], labels: Sequence[int], *, st
         return loss
 
     optimizer.step(closure)
-    return float(log_t.detach().exp())
+    low, high = TEMPERATURE_RANGE
+    return min(high, max(low, float(log_t.detach().exp())))
 
 
 def clopper_pearson_upper(errors: int, n: int, confidence: float = 0.95) -> float:
@@ -104,6 +115,9 @@ def choose_threshold(
 
     Thresholds are the distinct scores, tested from the highest down; testing stops at
     the first one whose Clopper-Pearson bound exceeds the target (fixed-sequence testing).
+    Thresholds accepting fewer answers than any bound could pass with (``minimum_accepted``:
+    it depends on counts alone, never on labels) are skipped rather than tested, so a
+    lone top score cannot end the sequence.
     """
     if len(scores) != len(correct) or not scores:
         raise ValueError("scores and correct must be non-empty and of equal length")
@@ -117,11 +131,20 @@ def choose_threshold(
             accepted += 1
             errors += not correct[order[index]]
             index += 1
+        if accepted < minimum_accepted(target_error, confidence):
+            continue
         bound = clopper_pearson_upper(errors, accepted, confidence)
         if bound > target_error:
             break
         best = ThresholdChoice(threshold, accepted / len(scores), errors, accepted, bound)
     return best
+
+
+def minimum_accepted(target_error: float, confidence: float = 0.95) -> int:
+    """The fewest answers whose error bound can reach ``target_error`` (with zero errors)."""
+    if not 0.0 < target_error < 1.0:
+        raise ValueError(f"target_error must be in (0, 1), got {target_error}")
+    return max(1, math.ceil(math.log(1.0 - confidence) / math.log(1.0 - target_error)))
 
 
 def reliability_diagram(
@@ -146,7 +169,7 @@ def reliability_diagram(
     top.plot(centres, accuracies, marker="o", label="answers")
     top.set_ylabel("accuracy")
     top.set_title(f"{title}\nECE {expected_calibration_error(confidences, correct, bins):.3f}, n={len(confidences)}")
-    top.legend(loc="upper left")
+    top.legend(loc="lower right")
     bottom.bar(centres, counts, width=1 / bins, color="tab:blue", alpha=0.6)
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("answers")

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from clef_guard._backbone import EMBEDDED_MODEL
 from clef_guard._calibration import (
     brier_score,
     choose_threshold,
@@ -181,13 +182,20 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     examples = load_task(args.task, args.split, limit=args.limit, seed=args.seed)
     engines: list[BaseDecisionModel] = []
     for name in args.engine or ["local"]:
-        engines.append(_engine(args, args.head) if name == "local" else SparrowDecisionModel())
+        if name == "sparrow":
+            engines.append(SparrowDecisionModel())
+        elif name == "zeroshot":
+            engines.append(LocalDecisionModel(model=args.model or EMBEDDED_MODEL, adapter=args.adapter, default_head=False))
+        else:
+            engines.append(_engine(args, args.head))
     results = []
     for engine in engines:
         with _progress(console, args.json) as progress:
             bar = progress.add_task(f"{args.task} on {engine.model}", total=len(examples))
             result = evaluate(engine, args.task, examples, on_progress=lambda done, total: progress.update(bar, completed=done))
         result.update({"split": args.split, "limit": args.limit, "seed": args.seed})
+        if isinstance(engine, LocalDecisionModel):
+            result["engine"] += " (zero-shot)" if engine.decision_head is None else " + head"
         results.append(result)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))

@@ -154,6 +154,12 @@ def _spaced(label: str) -> str:
     return label.replace("_", " ").rstrip("?").lower()
 
 
+def _policy_examples(split: str) -> list[Example]:
+    from clef_guard._synthetic import policy_examples  # generated, not read: see that module
+
+    return policy_examples(split)
+
+
 def _banking77(root: Path, split: str) -> list[Example]:
     folder = root / "banking77"
     question = Choice(
@@ -297,6 +303,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "rjudge": partial(_trajectories, folder="rjudge", file="rjudge.json"),
     "metatool": _metatool,
     "injecguard": _injecguard,
+    "policies": lambda root, split: _policy_examples(split),
 }
 _TEST_ONLY = frozenset({"when2call"})
 

@@ -36,6 +36,8 @@ from clef_guard._requests import ParsedQuestion, parse_questions
 from clef_guard._state import state_segments
 
 _OMITTED = "[... earlier turns omitted ...]\n"
+DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
+"""The shipped decision head for the embedded backbone."""
 _LOGIT_CHUNK = 256
 
 
@@ -109,6 +111,9 @@ class LocalDecisionModel(BaseDecisionModel):
     """A peft (LoRA) adapter folder to apply to the backbone."""
     head: str | None = None
     """A decision head file; defaults to the adapter's ``decision_head.safetensors``."""
+    default_head: bool = True
+    """With the embedded backbone and no head or adapter given, load the shipped head
+    (trained by ``make default-head``); ``False`` reads the backbone alone (zero-shot)."""
     device: str = "auto"
     """``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``, ..."""
     dtype: str | None = None
@@ -131,6 +136,8 @@ class LocalDecisionModel(BaseDecisionModel):
         self._backbone = load_backbone(self.model, adapter=self.adapter, device=self.device, dtype=self.dtype)
         self._layout = PromptLayout.for_tokenizer(self._backbone.tokenizer)
         head_path = self.head or (str(Path(self.adapter) / HEAD_FILE) if self.adapter else None)
+        if head_path is None and self.default_head and self.model == EMBEDDED_MODEL:
+            head_path = str(DEFAULT_HEAD)
         if head_path and Path(head_path).exists():
             self._head = DecisionHead.load(head_path, self._backbone.hidden_size).to(self._backbone.device).eval()
         elif self.head:

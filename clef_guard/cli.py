@@ -102,7 +102,10 @@ def _add_training_commands(commands: Any) -> None:
     evaluate.add_argument("--task", required=True)
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--head", default=None, help="decision head file")
-    evaluate.add_argument("--engine", action="append", default=[], choices=["local", "sparrow"], help="repeat to compare")
+    evaluate.add_argument(
+        "--engine", action="append", default=[], choices=["local", "zeroshot", "sparrow"],
+        help="local: our engine with its head; zeroshot: the backbone alone; sparrow: the peer (repeat to compare)",
+    )
 
 
 def _lint(paths: list[Path], console: Console) -> int:

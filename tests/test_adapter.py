@@ -56,3 +56,10 @@ def test_bad_adapter_and_head_paths_fail_clearly(tmp_path: Path, engine: LocalDe
     DecisionHead(8).save(narrow)
     with pytest.raises(ModelLoadError, match="hidden size is 576"):
         DecisionHead.load(narrow, engine.backbone.hidden_size)
+
+
+def test_the_shipped_head_loads_by_default_and_changes_answers(engine: LocalDecisionModel) -> None:
+    assert engine.decision_head is not None, "LocalDecisionModel() loads clef_guard/heads/default.safetensors"
+    zero_shot = LocalDecisionModel(default_head=False)
+    assert zero_shot.decision_head is None
+    assert abs(engine.invoke(REQUEST).nouls["d"].noul - zero_shot.invoke(REQUEST).nouls["d"].noul) > 1e-3

@@ -17,6 +17,7 @@ from clef_guard._calibration import (
     clopper_pearson_upper,
     expected_calibration_error,
     fit_temperature,
+    minimum_accepted,
     reliability_diagram,
 )
 
@@ -87,6 +88,14 @@ def test_chosen_thresholds_keep_the_true_error_under_target() -> None:
             failures += true_error > target
             assert 0 < choice.coverage <= 1 and choice.error_upper_bound <= target
     assert failures / runs <= 0.05 + 0.03
+
+
+def test_a_lone_top_score_does_not_end_the_sequence() -> None:
+    scores = [0.99] + [0.9] * 400 + [0.5] * 100
+    correct = [True] + [True] * 400 + [False] * 100
+    choice = choose_threshold(scores, correct, target_error=0.01)
+    assert choice.threshold == 0.9 and choice.accepted == 401 and choice.errors == 0
+    assert minimum_accepted(0.01) == 299 and minimum_accepted(0.05) == 59
 
 
 def test_no_threshold_when_the_target_is_out_of_reach() -> None:
