@@ -192,7 +192,9 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     for engine in engines:
         with _progress(console, args.json) as progress:
             bar = progress.add_task(f"{args.task} on {engine.model}", total=len(examples))
-            result = evaluate(engine, args.task, examples, on_progress=lambda done, total: progress.update(bar, completed=done))
+            result = evaluate(
+                engine, args.task, examples, on_progress=lambda done, total, bar=bar: progress.update(bar, completed=done)
+            )
         result.update({"split": args.split, "limit": args.limit, "seed": args.seed})
         if isinstance(engine, LocalDecisionModel):
             result["engine"] += " (zero-shot)" if engine.decision_head is None else " + head"

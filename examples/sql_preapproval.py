@@ -14,7 +14,7 @@ import sqlite3
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, TypedDict
 
 sys.path.insert(0, str(Path(__file__).parent))
 
