@@ -10,6 +10,7 @@ from clef_guard._errors import EngineError as EngineError
 from clef_guard._errors import EngineTimeoutError as EngineTimeoutError
 from clef_guard._errors import ModelLoadError as ModelLoadError
 from clef_guard._errors import PolicyError as PolicyError
+from clef_guard._errors import RemoteEngineError as RemoteEngineError
 from clef_guard._errors import RequestError as RequestError
 from clef_guard._errors import ToolBlockedError as ToolBlockedError
 from clef_guard._errors import UnsupportedQuestionError as UnsupportedQuestionError
@@ -20,6 +21,7 @@ from clef_guard._gate import Verdict as Verdict
 from clef_guard._gate import load_calibration as load_calibration
 from clef_guard._head import DecisionHead as DecisionHead
 from clef_guard._policy import Policy as Policy
+from clef_guard._remote import RemoteDecisionModel as RemoteDecisionModel
 from clef_guard._telemetry import Telemetry as Telemetry
 from clef_guard._policy import load_policies as load_policies
 from clef_guard._policy import load_policy as load_policy
@@ -41,6 +43,8 @@ __all__ = [
     "Policy",
     "PolicyDecision",
     "PolicyError",
+    "RemoteDecisionModel",
+    "RemoteEngineError",
     "RequestError",
     "Telemetry",
     "ToolBlockedError",

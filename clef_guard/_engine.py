@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,25 @@ _OMITTED = "[... earlier turns omitted ...]\n"
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
 _LOGIT_CHUNK = 256
+
+
+def _raise(exc: BaseException) -> EncodedRequest:
+    raise exc
+
+
+def _packs(prepared: list[Any], budget: int) -> list[list[Any]]:
+    """Group requests into packed passes of at most ``budget`` tokens (one at least)."""
+    groups: list[list[Any]] = [[]]
+    size = 0
+    for item in prepared:
+        job, prefix, _ = item
+        length = len(prefix) + sum(b.length for b in job.branches)
+        if groups[-1] and size + length > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += length
+    return [g for g in groups if g]
 
 
 class LocalClassifierResponse(ClassifierResponse):
@@ -70,6 +89,29 @@ class EncodedRequest:
     input_tokens: int
     cached_tokens: int
     truncated_tokens: int
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """Question and option tokens laid out as one sequence of branches after a prefix."""
+
+    tokens: list[int]
+    positions: list[int]
+    allowed: torch.Tensor
+    """``[L, prefix + L]`` boolean: what each tree token may attend to."""
+    spans: list[list[tuple[int, int]]]
+    """Per branch, the ``(start, end)`` of each option within the tree."""
+
+
+@dataclass
+class _Job:
+    """One request waiting for (or done by) a forward pass."""
+
+    state: Any
+    branches: list[_Branch]
+    result: EncodedRequest | None = None
+    error: BaseException | None = None
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,13 +165,16 @@ class LocalDecisionModel(BaseDecisionModel):
     prefix_cache_size: int = Field(default=8, ge=0)
     """How many state prefixes keep their KV cache (0 turns the cache off)."""
     max_tree_tokens: int = Field(default=4096, ge=64)
-    """Most question and option tokens scored in one forward pass; more take several."""
+    """Most question and option tokens scored in one forward pass (more take several), and
+    most tokens of concurrent requests packed into one pass."""
 
     _backbone: Backbone = PrivateAttr()
     _layout: PromptLayout = PrivateAttr()
     _head: DecisionHead | None = PrivateAttr(default=None)
     _prefix_cache: PrefixCache = PrivateAttr()
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _waiting: list[_Job] = PrivateAttr(default_factory=list)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -191,26 +236,94 @@ class LocalDecisionModel(BaseDecisionModel):
         return self._head(features.hidden, features.lm_logprob.float(), features.question.kind)
 
     def encode(self, state: State, questions: Sequence[ParsedQuestion]) -> EncodedRequest:
-        """Run the backbone once over ``state`` and every option of ``questions``."""
-        branches = [self._branch(question) for question in questions]
+        """Run the backbone once over ``state`` and every option of ``questions``.
+
+        Requests from concurrent threads (``batch``, a server) are combined: whoever
+        holds the backbone next runs every waiting request in packed forward passes.
+        """
+        job = _Job(state, [self._branch(question) for question in questions])
+        with self._queue_lock:
+            self._waiting.append(job)
         with self._lock, torch.inference_mode():
-            prefix, truncated = self._prefix_tokens(state, max(branch.length for branch in branches))
+            if not job.done:
+                with self._queue_lock:
+                    jobs, self._waiting = self._waiting, []
+                self._run_jobs(jobs)
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _run_jobs(self, jobs: list[_Job]) -> None:
+        """Answer ``jobs``: one alone uses the prefix cache; several share packed passes."""
+        if len(jobs) == 1:
+            self._settle(jobs[0], lambda: self._encode_one(jobs[0]))
+            return
+        prepared: list[tuple[_Job, tuple[int, ...], int]] = []
+        for job in jobs:
             try:
-                kv, cached = self._prefill(prefix)
-                features: list[OptionFeatures] = []
-                for group in self._passes(branches):
-                    features.extend(self._score_branches(kv, len(prefix), group))
-            except RequestError:
-                raise
+                prefix, truncated = self._prefix_tokens(job.state, max(b.length for b in job.branches))
+                prepared.append((job, prefix, truncated))
+            except Exception as exc:  # this request's own fault; the others still run
+                self._settle(job, lambda exc=exc: _raise(exc))
+        for group in _packs(prepared, self.max_tree_tokens):
+            if len(group) == 1:  # too big to share a pass: the cached single path
+                self._settle(group[0][0], lambda job=group[0][0]: self._encode_one(job))
+                continue
+            try:
+                self._encode_packed(group)
             except Exception as exc:
-                self._prefix_cache.discard(prefix)
-                raise EngineError(f"the engine failed on this request: {exc}") from exc
-        return EncodedRequest(
-            features=features,
-            input_tokens=len(prefix) + sum(branch.length for branch in branches),
-            cached_tokens=cached,
-            truncated_tokens=truncated,
-        )
+                for job, _, _ in group:
+                    self._settle(job, lambda exc=exc: _raise(EngineError(f"the engine failed on this request: {exc}")))
+
+    def _settle(self, job: _Job, compute: Callable[[], EncodedRequest]) -> None:
+        try:
+            job.result = compute()
+        except RequestError as exc:
+            job.error = exc
+        except EngineError as exc:
+            job.error = exc
+        except Exception as exc:
+            job.error = EngineError(f"the engine failed on this request: {exc}")
+            job.error.__cause__ = exc
+        job.done = True
+
+    def _encode_one(self, job: _Job) -> EncodedRequest:
+        prefix, truncated = self._prefix_tokens(job.state, max(b.length for b in job.branches))
+        try:
+            kv, cached = self._prefill(prefix)
+            features: list[OptionFeatures] = []
+            for group in self._passes(job.branches):
+                features.extend(self._score_branches(kv, len(prefix), group))
+        except Exception:
+            self._prefix_cache.discard(prefix)
+            raise
+        return EncodedRequest(features, len(prefix) + sum(b.length for b in job.branches), cached, truncated)
+
+    def _encode_packed(self, group: list[tuple[_Job, tuple[int, ...], int]]) -> None:
+        """Several requests in one forward pass: each its own block (prefix, then tree)."""
+        device = self._backbone.device
+        blocks = [(job, prefix, truncated, self._tree(len(prefix), job.branches)) for job, prefix, truncated in group]
+        total = sum(len(prefix) + len(tree.tokens) for _, prefix, _, tree in blocks)
+        allowed = torch.zeros(total, total, dtype=torch.bool, device=device)
+        tokens: list[int] = []
+        positions: list[int] = []
+        offsets = []
+        for _, prefix, _, tree in blocks:
+            start, size = len(tokens), len(prefix) + len(tree.tokens)
+            block = allowed[start : start + size, start : start + size]
+            block[: len(prefix), : len(prefix)] = torch.ones(len(prefix), len(prefix), dtype=torch.bool, device=device).tril()
+            block[len(prefix) :, :] = tree.allowed
+            tokens += [*prefix, *tree.tokens]
+            positions += [*range(len(prefix)), *tree.positions]
+            offsets.append(start + len(prefix))
+        mask = torch.zeros(allowed.shape, dtype=self._backbone.dtype, device=device)
+        mask.masked_fill_(~allowed, torch.finfo(self._backbone.dtype).min)
+        hidden = self._run(tokens, None, positions=positions, mask=mask[None, None])
+        for (job, prefix, truncated, tree), offset in zip(blocks, offsets, strict=True):
+            features = self._features(hidden[offset : offset + len(tree.tokens)], job.branches, tree.spans)
+            job.result = EncodedRequest(features, len(prefix) + len(tree.tokens), 0, truncated)
+            job.done = True
 
     def _branch(self, question: ParsedQuestion) -> _Branch:
         return _Branch(
@@ -268,6 +381,28 @@ class LocalDecisionModel(BaseDecisionModel):
 
     def _score_branches(self, kv: Any, prefix_len: int, branches: list[_Branch]) -> list[OptionFeatures]:
         """One forward pass over a tree of branches on top of the prefix's KV cache."""
+        tree = self._tree(prefix_len, branches)
+        mask = torch.zeros(tree.allowed.shape, dtype=self._backbone.dtype, device=self._backbone.device)
+        mask.masked_fill_(~tree.allowed, torch.finfo(self._backbone.dtype).min)
+        try:
+            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=mask[None, None])
+        finally:
+            extra = kv.get_seq_length() - prefix_len
+            if extra:
+                kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
+        return self._features(hidden, branches, tree.spans)
+
+    def _features(self, hidden: torch.Tensor, branches: list[_Branch], spans: list[list[tuple[int, int]]]) -> list[OptionFeatures]:
+        """Per question: the closing-token hidden state and mean log-probability of each option."""
+        logprobs = self._target_logprobs(hidden, branches, spans)
+        features = []
+        for branch, option_spans, option_logprobs in zip(branches, spans, logprobs, strict=True):
+            closing = torch.tensor([end - 1 for _, end in option_spans], device=hidden.device)
+            features.append(OptionFeatures(branch.question, hidden[closing].float(), option_logprobs))
+        return features
+
+    def _tree(self, prefix_len: int, branches: list[_Branch]) -> _Tree:
+        """Lay out branches after a prefix: each sees the prefix, its own question and itself."""
         tokens: list[int] = []
         positions: list[int] = []
         segment_start: list[int] = []
@@ -289,35 +424,15 @@ class LocalDecisionModel(BaseDecisionModel):
                 question_span += [(q_start, q_start + q_len)] * len(option)
                 option_spans.append((start, len(tokens)))
             spans.append(option_spans)
-        mask = self._tree_mask(prefix_len, segment_start, question_span)
-        try:
-            hidden = self._run(tokens, kv, positions=positions, mask=mask)
-        finally:
-            extra = kv.get_seq_length() - prefix_len
-            if extra:
-                kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
-        logprobs = self._target_logprobs(hidden, branches, spans)
-        features = []
-        for branch, option_spans, option_logprobs in zip(branches, spans, logprobs, strict=True):
-            closing = torch.tensor([end - 1 for _, end in option_spans], device=hidden.device)
-            features.append(OptionFeatures(branch.question, hidden[closing].float(), option_logprobs))
-        return features
-
-    def _tree_mask(self, prefix_len: int, segment_start: list[int], question_span: list[tuple[int, int]]) -> torch.Tensor:
-        """Additive ``[1, 1, L, prefix + L]`` mask: prefix, own question, own segment, causal."""
         device = self._backbone.device
-        length = len(segment_start)
-        rows = torch.arange(length, device=device)[:, None]
-        cols = torch.arange(length, device=device)[None, :]
-        starts = torch.tensor(segment_start, device=device)[:, None]
+        rows = torch.arange(len(tokens), device=device)[:, None]
+        cols = torch.arange(len(tokens), device=device)[None, :]
         q_bounds = torch.tensor(question_span, device=device)
         in_question = (cols >= q_bounds[:, :1]) & (cols < q_bounds[:, 1:])
-        in_segment = cols >= starts
+        in_segment = cols >= torch.tensor(segment_start, device=device)[:, None]
         allowed = (in_question | in_segment) & (cols <= rows)
-        allowed = torch.cat([torch.ones(length, prefix_len, dtype=torch.bool, device=device), allowed], dim=1)
-        mask = torch.zeros(allowed.shape, dtype=self._backbone.dtype, device=device)
-        mask.masked_fill_(~allowed, torch.finfo(self._backbone.dtype).min)
-        return mask[None, None]
+        allowed = torch.cat([torch.ones(len(tokens), prefix_len, dtype=torch.bool, device=device), allowed], dim=1)
+        return _Tree(tokens, positions, allowed, spans)
 
     def _run(self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder forward over ``tokens`` appended to ``kv``; returns ``[len, hidden]``."""
@@ -326,8 +441,8 @@ class LocalDecisionModel(BaseDecisionModel):
             input_ids=torch.tensor([list(tokens)], device=device),
             position_ids=torch.tensor([list(positions)], device=device),
             attention_mask=mask,
-            use_cache=True,
-            **{self._backbone.cache_kw: kv},
+            use_cache=kv is not None,
+            **({self._backbone.cache_kw: kv} if kv is not None else {}),
         )
         return output.last_hidden_state[0]
 

@@ -9,7 +9,8 @@
     ├── ToolBlockedError        a tool call the guard stopped (where the only way is to raise)
     ├── ModelLoadError          a backbone, adapter or head that cannot be loaded
     └── EngineError             the engine failed while answering
-        └── EngineTimeoutError
+        ├── EngineTimeoutError
+        └── RemoteEngineError   a System One server failed, refused the call, or answered out of spec
 
 Each message names what is at fault (a question id and field, a path) and what to do.
 """
@@ -92,3 +93,16 @@ class EngineError(ClefGuardError):
 
 class EngineTimeoutError(EngineError, TimeoutError):
     """The engine did not answer within the allowed time."""
+
+
+class RemoteEngineError(EngineError):
+    """A System One server failed, refused the call, or sent an answer that is not one.
+
+    ``url`` is the route called and ``status`` the HTTP status of the response at fault
+    (``None`` when no response came back).
+    """
+
+    def __init__(self, message: str, *, url: str, status: int | None = None) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.status = status

@@ -7,16 +7,19 @@
     clef-guard train --task NAME... --out DIR     fit a decision head on cached backbone features
     clef-guard calibrate --head FILE --task NAME  temperature, ECE/Brier, reliability PNG, thresholds
     clef-guard eval --task NAME --split test      accuracy, macro-F1, ECE, Brier, p50 latency
+    clef-guard serve [--host H] [--port P] [--api-key-env NAME]
+                                                  serve the engine over HTTP (System One API)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -27,6 +30,9 @@ from clef_guard._gate import Guard, Verdict, rule_trace
 from clef_guard._policy import Policy, load_policy
 from clef_guard._prompt import render_question
 from clef_guard._requests import parse_questions
+
+if TYPE_CHECKING:
+    from clef_guard._engine import LocalDecisionModel
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,6 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.add_argument("files", nargs="+", type=Path, help="JSON-lines audit files")
     summary.add_argument("--json", action="store_true", help="print one JSON object")
     _add_training_commands(commands)
+    serve = commands.add_parser("serve", help="serve the engine over HTTP (System One API)")
+    serve.add_argument("--model", default=None, help="engine backbone (default: the embedded model)")
+    serve.add_argument("--adapter", default=None, help="peft adapter folder for the engine")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key-env", metavar="NAME", help="require Authorization: Bearer with the key in this variable")
+    serve.add_argument("--batch-window-ms", type=float, default=None, help="how long a request waits for others to batch with")
+    serve.add_argument("--max-batch", type=int, default=None, help="most requests in one engine batch (1: one at a time)")
+    serve.add_argument("--max-body-bytes", type=int, default=None, help="larger request bodies get 413")
     args = parser.parse_args(argv)
     console = Console()
     if args.command in ("train", "calibrate", "eval"):
@@ -64,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "audit":
         return _summarize(args.files, args.json, console)
     try:
-        return _explain(args, console)
+        return _serve(args, console) if args.command == "serve" else _explain(args, console)
     except ClefGuardError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
@@ -162,11 +177,7 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
         raise PolicyError(f"cannot read the tool call or state: {exc}", field="--tool-call/--state") from None
     if not isinstance(tool_call, dict):
         raise PolicyError("the tool call must be a JSON object", field="--tool-call")
-    from clef_guard._engine import LocalDecisionModel
-
-    with console.status("Loading the engine..."):
-        engine = LocalDecisionModel(**{k: v for k, v in {"model": args.model, "adapter": args.adapter}.items() if v})
-    guard = Guard([policy], engine=engine, human_review=True)
+    guard = Guard([policy], engine=_load_engine(args, console), human_review=True)
     phase = args.phase or policy.applies_to.phase
     verdict = guard.check(tool_call, state, phase=phase, step=args.step)
     decision = verdict.decisions[0] if verdict.decisions else None
@@ -176,6 +187,33 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
     else:
         _print_explanation(console, policy, verdict, trace)
     return 0
+
+
+def _serve(args: argparse.Namespace, console: Console) -> int:
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not api_key:
+        raise ClefGuardError(f"--api-key-env: ${args.api_key_env} is not set or empty; export the key or drop the flag")
+    try:
+        import uvicorn
+
+        from clef_guard._server import create_app
+    except ModuleNotFoundError as exc:
+        raise ClefGuardError(f"serving needs {exc.name}: pip install 'clef-guard[serve]'") from None
+    limits = {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch, "max_body_bytes": args.max_body_bytes}
+    try:
+        app = create_app(_load_engine(args, console), api_key=api_key, **{k: v for k, v in limits.items() if v is not None})
+    except ValueError as exc:
+        raise ClefGuardError(f"serve: {exc} (see --max-batch, --batch-window-ms, --max-body-bytes)") from None
+    console.print(f"System One on http://{args.host}:{args.port}/v1/systemone" + (" (key required)" if api_key else ""))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _load_engine(args: argparse.Namespace, console: Console) -> LocalDecisionModel:
+    from clef_guard._engine import LocalDecisionModel
+
+    with console.status("Loading the engine..."):
+        return LocalDecisionModel(**{k: v for k, v in {"model": args.model, "adapter": args.adapter}.items() if v})
 
 
 def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace: list[tuple[str, bool | str]]) -> None:

@@ -139,3 +139,16 @@ async def test_async_and_batch_match_invoke(engine: LocalDecisionModel) -> None:
     assert _max_delta(expected[0], got_async) < 1e-4
     for e, b, a in zip(expected, got_batch, got_abatch, strict=True):
         assert _max_delta(e, b) < 1e-4 and _max_delta(e, a) < 1e-4
+
+
+def test_batch_packs_concurrent_requests_into_shared_passes(uncached_engine: LocalDecisionModel) -> None:
+    requests = [{"state": f"{STATE} Note {i}: " + "detail " * (3 * i), "questions": QUESTIONS} for i in range(6)]
+    alone = [_probabilities(uncached_engine.invoke(r)) for r in requests]
+    passes: list[int] = []
+    hook = uncached_engine.backbone.decoder.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        together = [_probabilities(r) for r in uncached_engine.batch(requests)]
+    finally:
+        hook.remove()
+    assert max(_max_delta(a, b) for a, b in zip(alone, together, strict=True)) < 1e-4
+    assert len(passes) < 2 * len(requests)  # one at a time would take a prefill and a tree pass each
