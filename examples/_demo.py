@@ -1,46 +1,19 @@
-"""What the examples share: a scripted chat model and a printer for verdicts.
+"""What the examples share: a printer for verdicts, and the scripted chat model.
 
-No LLM is reachable offline, so each agent's model is scripted: it proposes a fixed
-sequence of tool calls. Everything around it (tools, graphs, checkpointer, guard,
-engine) is real.
+No LLM is reachable offline, so each agent's model is scripted
+(``clef_guard.integrations.testing.ScriptedChatModel``): it proposes a fixed sequence of
+tool calls. Everything around it (tools, graphs, checkpointer, guard, engine) is real.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.runnables import Runnable
 from rich.console import Console
 
 from clef_guard import Verdict
+from clef_guard.integrations.testing import ScriptedChatModel as ScriptedChatModel
 
 console = Console()
 _COLOURS = {"allow": "green", "confirm": "yellow", "escalate": "magenta", "deny": "red"}
-
-
-class ScriptedChatModel(BaseChatModel):
-    """Replays ``turns``: a list of ``(tool, args)`` calls per turn, or a final text."""
-
-    turns: list[Any]
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, BaseMessage]:
-        return self
-
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        turn = sum(isinstance(m, AIMessage) for m in messages)
-        script = self.turns[turn] if turn < len(self.turns) else "All done."
-        if isinstance(script, str):
-            return ChatResult(generations=[ChatGeneration(message=AIMessage(script, id=f"ai-{turn}"))])
-        calls = [{"name": n, "args": a, "id": f"call-{turn}-{i}", "type": "tool_call"} for i, (n, a) in enumerate(script)]
-        return ChatResult(generations=[ChatGeneration(message=AIMessage("", tool_calls=calls, id=f"ai-{turn}"))])
 
 
 def print_verdict(verdict: Verdict) -> None:

@@ -25,7 +25,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypedDict, Union, Unpack
 
 from langchain.agents.middleware.human_in_the_loop import (
     ApproveDecision,
@@ -50,16 +50,21 @@ _DECISION_TYPES: dict[str, Any] = {
 _MAX_BATCHES = 256
 
 
+class GateOptions(TypedDict, total=False):
+    """How a tool-calling integration acts on verdicts."""
+
+    allowed_decisions: Sequence[ReviewDecision]
+    """What a reviewer may answer (default all: approve, edit, reject, respond)."""
+    check_results: bool
+    """Also check tool results with the ``after_tool`` policies (default ``True``)."""
+
+
 class ToolGate:
     """Turns verdicts into tool-call outcomes; shared by every tool-calling integration."""
 
-    def __init__(
-        self,
-        guard: Guard,
-        *,
-        allowed_decisions: Sequence[ReviewDecision] = ("approve", "edit", "reject", "respond"),
-        check_results: bool = True,
-    ) -> None:
+    def __init__(self, guard: Guard, **options: Unpack[GateOptions]) -> None:
+        allowed_decisions = options.get("allowed_decisions", ("approve", "edit", "reject", "respond"))
+        check_results = options.get("check_results", True)
         unknown = set(allowed_decisions) - set(_DECISION_TYPES)
         if unknown or not allowed_decisions:
             raise ValueError(f"allowed_decisions must be some of {sorted(_DECISION_TYPES)}, got {list(allowed_decisions)}")

@@ -17,8 +17,8 @@ A ``confirm`` or ``escalate`` verdict interrupts the run with a ``tool_approval`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Unpack
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain.agents.middleware.types import ToolCallRequest
@@ -26,7 +26,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
 from clef_guard import Guard
-from clef_guard.integrations._tools import ReviewDecision, ToolGate
+from clef_guard.integrations._tools import GateOptions, ToolGate
 
 
 class GuardMiddleware(AgentMiddleware):
@@ -37,21 +37,14 @@ class GuardMiddleware(AgentMiddleware):
     guard
         The guard to ask. Give it ``human_review=True`` so escalations reach a person
         (through an interrupt) instead of being denied.
-    allowed_decisions
-        What a reviewer may answer: ``approve``, ``edit``, ``reject``, ``respond``.
-    check_results
-        Also check tool results with the ``after_tool`` policies (prompt injection).
+    **options
+        :class:`~clef_guard.integrations._tools.GateOptions`: ``allowed_decisions`` (what a
+        reviewer may answer) and ``check_results`` (screen tool results for injection).
     """
 
-    def __init__(
-        self,
-        guard: Guard,
-        *,
-        allowed_decisions: Sequence[ReviewDecision] = ("approve", "edit", "reject", "respond"),
-        check_results: bool = True,
-    ) -> None:
+    def __init__(self, guard: Guard, **options: Unpack[GateOptions]) -> None:
         super().__init__()
-        self.gate = ToolGate(guard, allowed_decisions=allowed_decisions, check_results=check_results)
+        self.gate = ToolGate(guard, **options)
 
     @property
     def name(self) -> str:

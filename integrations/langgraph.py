@@ -33,27 +33,23 @@ from langgraph.types import Command, Send, interrupt
 
 from clef_guard import Guard, PolicyError, Verdict, load_policy, parse_policy
 from clef_guard._policy import Policy
-from clef_guard.integrations._tools import ReviewDecision, ToolGate, _Edited
+from clef_guard.integrations._tools import GateOptions, ReviewDecision, ToolGate, _Edited
 
 _ALL_DECISIONS: tuple[ReviewDecision, ...] = ("approve", "edit", "reject", "respond")
 
 
 def guarded_tool_node(
-    tools: Sequence[BaseTool | Any],
-    guard: Guard,
-    *,
-    allowed_decisions: Sequence[ReviewDecision] = _ALL_DECISIONS,
-    check_results: bool = True,
-    **tool_node_kwargs: Any,
+    tools: Sequence[BaseTool | Any], guard: Guard, *, gate: GateOptions | None = None, **tool_node_kwargs: Any
 ) -> ToolNode:
     """A prebuilt ``ToolNode`` whose every call passes the guard (its wrap hooks).
 
     Parallel calls are checked in one engine batch. When the graph gives the node the
     whole AI message, calls that need a person interrupt one after another; send each
     call on its own (``Send``, as ``create_agent`` does) to get all interrupts at once.
+    ``gate`` sets what a reviewer may answer and whether results are screened.
     """
-    gate = ToolGate(guard, allowed_decisions=allowed_decisions, check_results=check_results)
-    return ToolNode(tools, wrap_tool_call=gate.wrap, awrap_tool_call=gate.awrap, **tool_node_kwargs)
+    tool_gate = ToolGate(guard, **(gate or {}))
+    return ToolNode(tools, wrap_tool_call=tool_gate.wrap, awrap_tool_call=tool_gate.awrap, **tool_node_kwargs)
 
 
 def guard_node(

@@ -13,7 +13,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from chat import ScriptedChatModel
+from clef_guard.integrations.testing import ScriptedChatModel
 from clef_guard import Guard, parse_policy
 from clef_guard.integrations.langchain import GuardMiddleware
 from model import ScriptedDecisionModel

@@ -10,7 +10,7 @@ from langchain_core.decisions import ChoiceAnswer
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 
-from chat import ScriptedChatModel
+from clef_guard.integrations.testing import ScriptedChatModel
 from clef_guard import LocalDecisionModel
 
 

@@ -17,7 +17,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
-from chat import ScriptedChatModel
+from clef_guard.integrations.testing import ScriptedChatModel
 from clef_guard import Guard, LocalDecisionModel, parse_policy
 from clef_guard.integrations.langgraph import guard_node, guarded_tool_node, intent_router
 from model import ScriptedDecisionModel
