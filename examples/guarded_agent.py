@@ -6,8 +6,8 @@ The agent works in a temporary folder holding notes and a SQLite database. It is
 guarded by the shipped destructive-actions and outbound-communication policies on the
 embedded engine, and checkpointed in SQLite, so a call that needs a person pauses the
 run (an interrupt) and a later invoke resumes it (``Command(resume=...)``). Here the
-"person" is scripted: it rejects an unbounded DELETE once, then approves the edited,
-bounded one, and approves outbound mail.
+"person" is scripted: it narrows an unbounded DELETE with an edit (which is gated again
+before it runs) and approves whatever else it is asked about.
 """
 
 from __future__ import annotations
