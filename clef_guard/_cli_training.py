@@ -31,6 +31,7 @@ from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
 from clef_guard._evaluation import SparrowDecisionModel, evaluate
 from clef_guard._head import HEAD_FILE, KINDS, DecisionHead
+from clef_guard._requests import parse_questions
 from clef_guard._training import Features, TrainConfig, config_dict, extract_features, predict, train_head
 
 
@@ -61,8 +62,6 @@ def _examples(tasks: list[str], files: list[Path], split: str, limit: int | None
 
 
 def _jsonl_examples(path: Path) -> list[Example]:
-    from clef_guard._requests import parse_questions
-
     examples = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

@@ -41,8 +41,14 @@ DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
 _LOGIT_CHUNK = 256
 
 
-def _raise(exc: BaseException) -> EncodedRequest:
-    raise exc
+def _fail(job: _Job, exc: Exception) -> None:
+    """Record why ``job`` could not be answered: its own request error, or an engine failure."""
+    if isinstance(exc, (RequestError, EngineError)):
+        job.error = exc
+    else:
+        job.error = EngineError(f"the engine failed on this request: {exc}")
+        job.error.__cause__ = exc
+    job.done = True
 
 
 def _packs(prepared: list[Any], budget: int) -> list[list[Any]]:
@@ -265,7 +271,7 @@ class LocalDecisionModel(BaseDecisionModel):
                 prefix, truncated = self._prefix_tokens(job.state, max(b.length for b in job.branches))
                 prepared.append((job, prefix, truncated))
             except Exception as exc:  # this request's own fault; the others still run
-                self._settle(job, lambda exc=exc: _raise(exc))
+                _fail(job, exc)
         for group in _packs(prepared, self.max_tree_tokens):
             if len(group) == 1:  # too big to share a pass: the cached single path
                 self._settle(group[0][0], lambda job=group[0][0]: self._encode_one(job))
@@ -274,19 +280,14 @@ class LocalDecisionModel(BaseDecisionModel):
                 self._encode_packed(group)
             except Exception as exc:
                 for job, _, _ in group:
-                    self._settle(job, lambda exc=exc: _raise(EngineError(f"the engine failed on this request: {exc}")))
+                    _fail(job, exc)
 
     def _settle(self, job: _Job, compute: Callable[[], EncodedRequest]) -> None:
         try:
             job.result = compute()
-        except RequestError as exc:
-            job.error = exc
-        except EngineError as exc:
-            job.error = exc
+            job.done = True
         except Exception as exc:
-            job.error = EngineError(f"the engine failed on this request: {exc}")
-            job.error.__cause__ = exc
-        job.done = True
+            _fail(job, exc)
 
     def _encode_one(self, job: _Job) -> EncodedRequest:
         prefix, truncated = self._prefix_tokens(job.state, max(b.length for b in job.branches))

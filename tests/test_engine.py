@@ -152,3 +152,12 @@ def test_batch_packs_concurrent_requests_into_shared_passes(uncached_engine: Loc
         hook.remove()
     assert max(_max_delta(a, b) for a, b in zip(alone, together, strict=True)) < 1e-4
     assert len(passes) < 2 * len(requests)  # one at a time would take a prefill and a tree pass each
+
+
+def test_a_bad_request_in_a_batch_fails_alone(uncached_engine: LocalDecisionModel) -> None:
+    from clef_guard import RequestError
+
+    requests = [{"state": STATE, "questions": QUESTIONS}, {"state": {"when": object()}, "questions": QUESTIONS}] * 2
+    results = uncached_engine.batch(requests, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["LocalClassifierResponse", "RequestError"] * 2
+    assert isinstance(results[1], RequestError) and results[1].field == "state.when"
