@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, Question, State
@@ -51,19 +51,20 @@ def _fail(job: _Job, exc: Exception) -> None:
     job.done = True
 
 
-def _packs(prepared: list[Any], budget: int) -> list[list[Any]]:
-    """Group requests into packed passes of at most ``budget`` tokens (one at least)."""
-    groups: list[list[Any]] = [[]]
-    size = 0
-    for item in prepared:
-        job, prefix, _ = item
-        length = len(prefix) + sum(b.length for b in job.branches)
-        if groups[-1] and size + length > budget:
+_Item = TypeVar("_Item")
+
+
+def _groups(items: Sequence[_Item], size: Callable[[_Item], int], budget: int) -> list[list[_Item]]:
+    """Consecutive groups of at most ``budget`` total size (an oversized item goes alone)."""
+    groups: list[list[_Item]] = []
+    total = 0
+    for item in items:
+        if not groups or total + size(item) > budget:
             groups.append([])
-            size = 0
+            total = 0
         groups[-1].append(item)
-        size += length
-    return [g for g in groups if g]
+        total += size(item)
+    return groups
 
 
 class LocalClassifierResponse(ClassifierResponse):
@@ -107,6 +108,19 @@ class _Tree:
     """``[L, prefix + L]`` boolean: what each tree token may attend to."""
     spans: list[list[tuple[int, int]]]
     """Per branch, the ``(start, end)`` of each option within the tree."""
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A request with its prefix tokens, ready for a forward pass."""
+
+    job: _Job
+    prefix: tuple[int, ...]
+    truncated: int
+
+    @property
+    def length(self) -> int:
+        return len(self.prefix) + sum(b.length for b in self.job.branches)
 
 
 @dataclass
@@ -261,70 +275,64 @@ class LocalDecisionModel(BaseDecisionModel):
         return job.result
 
     def _run_jobs(self, jobs: list[_Job]) -> None:
-        """Answer ``jobs``: one alone uses the prefix cache; several share packed passes."""
-        if len(jobs) == 1:
-            self._settle(jobs[0], lambda: self._encode_one(jobs[0]))
-            return
-        prepared: list[tuple[_Job, tuple[int, ...], int]] = []
+        """Answer ``jobs``: a request alone uses the prefix cache; several share packed passes."""
+        prepared: list[_Prepared] = []
         for job in jobs:
             try:
-                prefix, truncated = self._prefix_tokens(job.state, max(b.length for b in job.branches))
-                prepared.append((job, prefix, truncated))
+                prepared.append(_Prepared(job, *self._prefix_tokens(job.state, max(b.length for b in job.branches))))
             except Exception as exc:  # this request's own fault; the others still run
                 _fail(job, exc)
-        for group in _packs(prepared, self.max_tree_tokens):
-            if len(group) == 1:  # too big to share a pass: the cached single path
-                self._settle(group[0][0], lambda job=group[0][0]: self._encode_one(job))
-                continue
+        for group in _groups(prepared, lambda item: item.length, self.max_tree_tokens):
             try:
-                self._encode_packed(group)
+                if len(group) == 1:
+                    group[0].job.result = self._encode_one(group[0])
+                    group[0].job.done = True
+                else:
+                    self._encode_packed(group)
             except Exception as exc:
-                for job, _, _ in group:
-                    _fail(job, exc)
+                for item in group:
+                    _fail(item.job, exc)
 
-    def _settle(self, job: _Job, compute: Callable[[], EncodedRequest]) -> None:
+    def _encode_one(self, item: _Prepared) -> EncodedRequest:
+        """One request on top of the cached KV of its prefix."""
         try:
-            job.result = compute()
-            job.done = True
-        except Exception as exc:
-            _fail(job, exc)
-
-    def _encode_one(self, job: _Job) -> EncodedRequest:
-        prefix, truncated = self._prefix_tokens(job.state, max(b.length for b in job.branches))
-        try:
-            kv, cached = self._prefill(prefix)
+            kv, cached = self._prefill(item.prefix)
             features: list[OptionFeatures] = []
-            for group in self._passes(job.branches):
-                features.extend(self._score_branches(kv, len(prefix), group))
+            for group in _groups(item.job.branches, lambda branch: branch.length, self.max_tree_tokens):
+                features.extend(self._score_branches(kv, len(item.prefix), group))
         except Exception:
-            self._prefix_cache.discard(prefix)
+            self._prefix_cache.discard(item.prefix)
             raise
-        return EncodedRequest(features, len(prefix) + sum(b.length for b in job.branches), cached, truncated)
+        return EncodedRequest(features, item.length, cached, item.truncated)
 
-    def _encode_packed(self, group: list[tuple[_Job, tuple[int, ...], int]]) -> None:
+    def _encode_packed(self, group: list[_Prepared]) -> None:
         """Several requests in one forward pass: each its own block (prefix, then tree)."""
         device = self._backbone.device
-        blocks = [(job, prefix, truncated, self._tree(len(prefix), job.branches)) for job, prefix, truncated in group]
-        total = sum(len(prefix) + len(tree.tokens) for _, prefix, _, tree in blocks)
+        trees = [self._tree(len(item.prefix), item.job.branches) for item in group]
+        total = sum(item.length for item in group)
         allowed = torch.zeros(total, total, dtype=torch.bool, device=device)
         tokens: list[int] = []
         positions: list[int] = []
         offsets = []
-        for _, prefix, _, tree in blocks:
-            start, size = len(tokens), len(prefix) + len(tree.tokens)
-            block = allowed[start : start + size, start : start + size]
-            block[: len(prefix), : len(prefix)] = torch.ones(len(prefix), len(prefix), dtype=torch.bool, device=device).tril()
-            block[len(prefix) :, :] = tree.allowed
-            tokens += [*prefix, *tree.tokens]
-            positions += [*range(len(prefix)), *tree.positions]
-            offsets.append(start + len(prefix))
-        mask = torch.zeros(allowed.shape, dtype=self._backbone.dtype, device=device)
+        for item, tree in zip(group, trees, strict=True):
+            start, prefix = len(tokens), len(item.prefix)
+            block = allowed[start : start + item.length, start : start + item.length]
+            block[:prefix, :prefix] = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()
+            block[prefix:, :] = tree.allowed
+            tokens += [*item.prefix, *tree.tokens]
+            positions += [*range(prefix), *tree.positions]
+            offsets.append(start + prefix)
+        hidden = self._run(tokens, None, positions=positions, mask=self._additive(allowed))
+        for item, tree, offset in zip(group, trees, offsets, strict=True):
+            features = self._features(hidden[offset : offset + len(tree.tokens)], item.job.branches, tree.spans)
+            item.job.result = EncodedRequest(features, item.length, 0, item.truncated)
+            item.job.done = True
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean ``[rows, cols]`` attention pattern as the ``[1, 1, rows, cols]`` additive mask."""
+        mask = torch.zeros(allowed.shape, dtype=self._backbone.dtype, device=allowed.device)
         mask.masked_fill_(~allowed, torch.finfo(self._backbone.dtype).min)
-        hidden = self._run(tokens, None, positions=positions, mask=mask[None, None])
-        for (job, prefix, truncated, tree), offset in zip(blocks, offsets, strict=True):
-            features = self._features(hidden[offset : offset + len(tree.tokens)], job.branches, tree.spans)
-            job.result = EncodedRequest(features, len(prefix) + len(tree.tokens), 0, truncated)
-            job.done = True
+        return mask[None, None]
 
     def _branch(self, question: ParsedQuestion) -> _Branch:
         return _Branch(
@@ -368,25 +376,11 @@ class LocalDecisionModel(BaseDecisionModel):
         self._prefix_cache.put(prefix, kv)
         return kv, hit
 
-    def _passes(self, branches: list[_Branch]) -> list[list[_Branch]]:
-        """Group branches into forward passes of at most ``max_tree_tokens`` tokens."""
-        groups: list[list[_Branch]] = [[]]
-        size = 0
-        for branch in branches:
-            if groups[-1] and size + branch.length > self.max_tree_tokens:
-                groups.append([])
-                size = 0
-            groups[-1].append(branch)
-            size += branch.length
-        return groups
-
     def _score_branches(self, kv: Any, prefix_len: int, branches: list[_Branch]) -> list[OptionFeatures]:
         """One forward pass over a tree of branches on top of the prefix's KV cache."""
         tree = self._tree(prefix_len, branches)
-        mask = torch.zeros(tree.allowed.shape, dtype=self._backbone.dtype, device=self._backbone.device)
-        mask.masked_fill_(~tree.allowed, torch.finfo(self._backbone.dtype).min)
         try:
-            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=mask[None, None])
+            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=self._additive(tree.allowed))
         finally:
             extra = kv.get_seq_length() - prefix_len
             if extra:
