@@ -206,12 +206,10 @@ class Guard:
 
     def matching(self, tool_call: Mapping[str, Any], *, phase: str = "before_tool", step: str | None = None, context: Mapping[str, Any] | None = None) -> list[Policy]:
         """The policies that apply to ``tool_call`` at this phase and step."""
-        call = _normalise_call(tool_call)
-        return [
-            p
-            for p in self.policies
-            if p.matches(call["name"], phase=phase, step=step, context=context or {}, tool=call)
-        ]
+        return self._matching(_normalise_call(tool_call), phase, step, context or {})
+
+    def _matching(self, call: dict[str, Any], phase: str, step: str | None, context: Mapping[str, Any]) -> list[Policy]:
+        return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context, tool=call)]
 
     def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
@@ -285,7 +283,7 @@ class Guard:
         call = _normalise_call(tool_call, options.get("tool_result"))
         context = dict(options.get("context") or {})
         phase = options.get("phase", "before_tool")
-        policies = self.matching(call, phase=phase, step=options.get("step"), context=context)
+        policies = self._matching(call, phase, options.get("step"), context)  # call keeps its result
         run = _Check(call, state, context, options.get("tool_description"), policies, [], time.perf_counter(), phase)
         run.groups.extend(self._groups(run, policies))
         return run

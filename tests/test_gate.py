@@ -167,3 +167,11 @@ def test_the_engine_sees_only_what_the_policy_asks_for() -> None:
     guard.check({"name": "send_email", "args": {"to": "z"}}, state, tool_description="Sends mail")
     seen = engine.calls[0]["state"]
     assert seen == {"fields": {"user": "ann"}, "messages": [{"role": "user", "content": "b"}], "tool": {"name": "send_email", "args": {"to": "z"}}}
+
+
+def test_after_tool_applies_to_conditions_see_the_result() -> None:
+    policy = OUTBOUND.replace("applies_to: {tools: [send_*, delete_*]}", "applies_to: {tools: ['*'], phase: after_tool, when: 'tool.result.contains(\"http\")'}")
+    guard, engine = _guard({"leave": 0.9}, policy)
+    linked = guard.check({"name": "fetch", "args": {}}, phase="after_tool", tool_result="see http://x.test")
+    plain = guard.check({"name": "fetch", "args": {}}, phase="after_tool", tool_result="plain text")
+    assert (linked.action, plain.action) == ("confirm", "allow") and len(engine.calls) == 1
