@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,24 @@ from clef_guard._calibration import (
     brier_score,
     choose_threshold,
     expected_calibration_error,
-    fit_temperature,
     reliability_diagram,
 )
-from clef_guard._datasets import Example, load_task
+from clef_guard._datasets import Example, load_task, sample_options
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
 from clef_guard._evaluation import SparrowDecisionModel, evaluate
-from clef_guard._head import HEAD_FILE, KINDS, DecisionHead
+from clef_guard._head import HEAD_FILE, DecisionHead
 from clef_guard._requests import parse_questions
-from clef_guard._training import Features, TrainConfig, config_dict, extract_features, predict, train_head
+from clef_guard._training import (
+    AdapterConfig,
+    Features,
+    TrainConfig,
+    calibrate_head,
+    extract_features,
+    predict,
+    train_adapter,
+    train_head,
+)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -52,13 +60,13 @@ def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionM
     return LocalDecisionModel(**{k: v for k, v in options.items() if v})
 
 
-def _examples(tasks: list[str], files: list[Path], split: str, limit: int | None, seed: int) -> list[Example]:
-    examples = [e for task in tasks for e in load_task(task, split, limit=limit, seed=seed)]
+def _examples(args: argparse.Namespace, files: list[Path]) -> list[Example]:
+    examples = [e for task in args.task for e in load_task(task, args.split, limit=args.limit, seed=args.seed)]
     for file in files:
         examples += _jsonl_examples(file)
     if not examples:
         raise ClefGuardError("no examples: give --task NAME or --data FILE.jsonl")
-    return examples
+    return sample_options(examples, args.options, seed=args.seed) if args.options else examples
 
 
 def _jsonl_examples(path: Path) -> list[Example]:
@@ -89,7 +97,7 @@ def _features(engine: LocalDecisionModel, examples: list[Example], console: Cons
 def _train(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     engine = _engine(args)
-    examples = _examples(args.task, args.data, args.split, args.limit, args.seed)
+    examples = _examples(args, args.data)
     features = _features(engine, examples, console, args.json, "reading examples with the backbone")
     feature_s = time.perf_counter() - started
     overrides = {
@@ -109,8 +117,9 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         "tasks": args.task,
         "data": [str(d) for d in args.data],
         "split": args.split,
+        "options": args.options,
         "n": len(examples),
-        "config": config_dict(config),
+        "config": asdict(config),
         "loss_first_epoch": history[0],
         "loss_last_epoch": history[-1],
         "train_accuracy": _accuracy(predict(head, features), features),
@@ -118,28 +127,47 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         "train_seconds": round(time.perf_counter() - started - feature_s, 1),
         "head": str(args.out / HEAD_FILE),
     }
+    if args.lora_layers:
+        report["lora"] = _train_lora(args, console, engine, examples, head, config)
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2))
     _print(report, args.json, console, "trained")
     return 0
+
+
+def _train_lora(
+    args: argparse.Namespace, console: Console, engine: LocalDecisionModel, examples: list[Example],
+    head: DecisionHead, loss: TrainConfig,
+) -> dict[str, Any]:
+    """Stage two of ``train``: LoRA on the top layers with the head; ``--out`` becomes an adapter folder."""
+    if args.adapter:
+        raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
+    overrides = {"layers": args.lora_layers, "rank": args.lora_rank, "epochs": args.lora_epochs, "lr": args.lora_lr}
+    config = replace(AdapterConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    started = time.perf_counter()
+    with _progress(console, args.json) as progress:
+        bar = progress.add_task(f"LoRA on the top {config.layers} layers", total=len(examples) * config.epochs)
+        history = train_adapter(
+            engine, examples, head, args.out, config, loss, on_step=lambda done, total: progress.update(bar, completed=done)
+        )
+    seconds = time.perf_counter() - started
+    return {
+        "config": asdict(config),
+        "epoch_losses": history,
+        "seconds": round(seconds, 1),
+        "seconds_per_example": round(seconds / (len(examples) * config.epochs), 3),
+        "adapter": str(args.out),
+    }
 
 
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     engine = _engine(args)
     head = DecisionHead.load(args.head, engine.backbone.hidden_size)
     with torch.no_grad():
-        head.log_temperature.zero_()
-    examples = _examples(args.task, [], args.split, args.limit, args.seed)
+        head.log_temperature.zero_()  # "before" is the uncalibrated head
+    examples = _examples(args, [])
     features = _features(engine, examples, console, args.json, "reading the calibration split")
     before = predict(head, features)
-    temperatures = {}
-    for index, kind in enumerate(KINDS):
-        mine = [f for f in features if f.kind == kind]
-        if mine:
-            with torch.no_grad():
-                logits = [head(f.hidden, f.lm_logprob, kind) for f in mine]
-            temperatures[kind] = fit_temperature(logits, [f.label for f in mine])
-            with torch.no_grad():
-                head.log_temperature[index] = torch.log(torch.tensor(temperatures[kind]))
+    temperatures = calibrate_head(head, features)
     after = predict(head, features)
     head.save(args.head)
     confidences = [float(p.max()) for p in after]

@@ -118,6 +118,29 @@ def load_task(
     return _sample(examples, limit, seed)
 
 
+def sample_options(examples: Sequence[Example], k: int, *, seed: int = 0) -> list[Example]:
+    """Examples whose choice questions keep at most ``k`` options: the answer and ``k - 1`` others.
+
+    The others are drawn per example with a generator seeded by ``seed`` and the example id,
+    so a run is reproducible. Training on such draws is cheap (a branch per option, not per
+    label of a 150-way set) and teaches the head to pick among whatever labels a question
+    lists, which is what lets it answer label sets it never saw. Nouls are kept as they are.
+    """
+    if k < 2:
+        raise ClefGuardError(f"a choice needs at least 2 options to sample, not {k}")
+    sampled = []
+    for example in examples:
+        question = example.question
+        if isinstance(question, Choice) and len(question.criteria) > k:
+            others = [label for label in question.criteria if label != example.label]
+            keep = {example.label, *random.Random(f"{seed}:{example.id}").sample(others, k - 1)}
+            criteria = {label: text for label, text in question.criteria.items() if label in keep}
+            question = Choice(instructions=question.instructions, criteria=criteria)
+            example = Example(example.id, example.state, question, example.label)
+        sampled.append(example)
+    return sampled
+
+
 def _sample(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
     if limit is None or limit >= len(examples):
         return examples
@@ -149,11 +172,6 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _spaced(label: str) -> str:
-    """A label as words: ``card_arrival`` -> ``card arrival``."""
-    return label.replace("_", " ").rstrip("?").lower()
-
-
 def _policy_examples(split: str) -> list[Example]:
     from clef_guard._synthetic import policy_examples  # generated, not read: see that module
 
@@ -164,7 +182,7 @@ def _banking77(root: Path, split: str) -> list[Example]:
     folder = root / "banking77"
     question = Choice(
         instructions="Which banking intent does this customer message express?",
-        criteria={label: _spaced(label) for label in _read_json(folder / "categories.json")},
+        criteria=dict.fromkeys(_read_json(folder / "categories.json")),
     )
     file = "test" if split == "test" else "train"
     rows = csv.DictReader(io.StringIO(_read(folder / f"{file}.csv"), newline=""))
@@ -179,8 +197,7 @@ def _clinc150(root: Path, split: str) -> list[Example]:
     intents = sorted({label for _, label in data["train"]})
     question = Choice(
         instructions="Which intent does this request to a virtual assistant express?",
-        criteria={intent: _spaced(intent) for intent in intents}
-        | {"oos": "out of scope: none of the other intents"},
+        criteria=dict.fromkeys(intents) | {"oos": "out of scope: none of the other intents"},
     )
     upstream = {"train": "train", "dev": "val", "test": "test"}[split]
     return [

@@ -305,8 +305,26 @@ class LocalDecisionModel(BaseDecisionModel):
             raise
         return EncodedRequest(features, item.length, cached, item.truncated)
 
+    def encode_for_training(self, state: State, questions: Sequence[ParsedQuestion]) -> list[OptionFeatures]:
+        """Features of one request from a plain forward pass that gradients can flow through.
+
+        Unlike :meth:`encode` it skips the prefix cache and inference mode, so a loss on
+        the features reaches a LoRA adapter on the backbone. Call it under
+        ``torch.enable_grad()`` with the adapter's parameters trainable.
+        """
+        job = _Job(state, [self._branch(question) for question in questions])
+        item = _Prepared(job, *self._prefix_tokens(state, max(b.length for b in job.branches)))
+        (features,) = self._forward_packed([item])
+        return features
+
     def _encode_packed(self, group: list[_Prepared]) -> None:
-        """Several requests in one forward pass: each its own block (prefix, then tree)."""
+        """Several requests in one forward pass, each answered from its own block."""
+        for item, features in zip(group, self._forward_packed(group), strict=True):
+            item.job.result = EncodedRequest(features, item.length, 0, item.truncated)
+            item.job.done = True
+
+    def _forward_packed(self, group: list[_Prepared]) -> list[list[OptionFeatures]]:
+        """One forward pass over requests laid out as blocks (prefix, then tree), without a cache."""
         device = self._backbone.device
         trees = [self._tree(len(item.prefix), item.job.branches) for item in group]
         total = sum(item.length for item in group)
@@ -323,10 +341,10 @@ class LocalDecisionModel(BaseDecisionModel):
             positions += [*range(prefix), *tree.positions]
             offsets.append(start + prefix)
         hidden = self._run(tokens, None, positions=positions, mask=self._additive(allowed))
-        for item, tree, offset in zip(group, trees, offsets, strict=True):
-            features = self._features(hidden[offset : offset + len(tree.tokens)], item.job.branches, tree.spans)
-            item.job.result = EncodedRequest(features, item.length, 0, item.truncated)
-            item.job.done = True
+        return [
+            self._features(hidden[offset : offset + len(tree.tokens)], item.job.branches, tree.spans)
+            for item, tree, offset in zip(group, trees, offsets, strict=True)
+        ]
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean ``[rows, cols]`` attention pattern as the ``[1, 1, rows, cols]`` additive mask."""

@@ -32,31 +32,42 @@ def evaluate(
     """Accuracy, macro-F1, ECE, Brier and median latency of ``engine`` on ``examples``."""
     if not examples:
         raise ClefGuardError(f"task {task!r} has no examples to evaluate")
-    labels, predictions, distributions, gold, confidences, latencies = [], [], [], [], [], []
+    distributions, latencies = [], []
     for done, example in enumerate(examples, start=1):
         (parsed,) = parse_questions({"q": example.question})
         start = time.perf_counter()
         response = engine.invoke({"state": example.state, "questions": {"q": example.question}})
         latencies.append(1000 * (time.perf_counter() - start))
-        probabilities = _option_probabilities(response.answers["q"], parsed.options)
-        best = max(range(len(probabilities)), key=probabilities.__getitem__)
-        labels.append(example.label)
-        predictions.append(parsed.options[best])
-        distributions.append(probabilities)
-        gold.append(parsed.options.index(example.label))
-        confidences.append(probabilities[best])
+        distributions.append(_option_probabilities(response.answers["q"], parsed.options))
         if on_progress:
             on_progress(done, len(examples))
-    correct = [p == y for p, y in zip(predictions, labels, strict=True)]
     return {
         "task": task,
         "engine": getattr(engine, "model", type(engine).__name__),
+        **score(examples, distributions),
+        "p50_ms": statistics.median(latencies),
+    }
+
+
+def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """``n``, accuracy, macro-F1, ECE and Brier of option probabilities (in each question's option order)."""
+    if not examples:
+        raise ClefGuardError("no examples to score")
+    labels, predictions, gold, confidences = [], [], [], []
+    for example, probabilities in zip(examples, distributions, strict=True):
+        (parsed,) = parse_questions({"q": example.question})
+        best = max(range(len(probabilities)), key=probabilities.__getitem__)
+        labels.append(example.label)
+        predictions.append(parsed.options[best])
+        gold.append(parsed.options.index(example.label))
+        confidences.append(float(probabilities[best]))
+    correct = [p == y for p, y in zip(predictions, labels, strict=True)]
+    return {
         "n": len(examples),
         "accuracy": sum(correct) / len(correct),
         "macro_f1": macro_f1(labels, predictions),
         "ece": expected_calibration_error(confidences, correct),
-        "brier": brier_score(distributions, gold),
-        "p50_ms": statistics.median(latencies),
+        "brier": brier_score([list(map(float, d)) for d in distributions], gold),
     }
 
 

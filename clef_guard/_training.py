@@ -1,11 +1,16 @@
-"""Training a decision head on a frozen backbone, from cached features.
+"""Training a decision head on a frozen backbone, and optionally a LoRA adapter under it.
 
-The recipe: run the backbone once per labeled example (``LocalDecisionModel.encode``)
+Stage one: run the backbone once per labeled example (``LocalDecisionModel.encode``)
 and cache, for each option, the hidden state of its closing token and its mean
 log-probability; then fit :class:`~clef_guard.DecisionHead` on the cache with
 label-smoothed cross-entropy plus a Brier term (which keeps the probabilities honest).
 Feature extraction dominates the cost and is resumable: features are cached per
 example in ``<cache>/features/<backbone key>.pt`` and saved as they are made.
+
+Stage two (:func:`train_adapter`, optional): LoRA matrices on the top layers of the
+backbone, trained with the same loss jointly with the stage-one head. Every step runs
+the backbone forward again, so it costs far more than stage one; keeping LoRA to the
+top layers keeps the backward pass short.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import torch
 from clef_guard._backbone import cache_dir
 from clef_guard._datasets import Example
 from clef_guard._engine import LocalDecisionModel
-from clef_guard._head import DecisionHead
+from clef_guard._errors import ClefGuardError
+from clef_guard._calibration import fit_temperature
+from clef_guard._head import HEAD_FILE, KINDS, DecisionHead
 from clef_guard._requests import parse_questions
 from clef_guard._state import to_json
 
@@ -89,22 +96,29 @@ def extract_features(
     return features
 
 
+def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:
+    """Label-smoothed cross-entropy plus ``brier_weight`` times the Brier score of one question."""
+    n = logits.shape[0]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    target = torch.full((n,), label_smoothing / n)
+    target[label] += 1.0 - label_smoothing
+    onehot = torch.zeros(n)
+    onehot[label] = 1.0
+    brier = ((log_probs.exp() - onehot) ** 2).sum()
+    return -(target * log_probs).sum() + brier_weight * brier
+
+
 def batch_loss(
     head: DecisionHead, batch: Sequence[Features], *, label_smoothing: float, brier_weight: float
 ) -> torch.Tensor:
-    """Label-smoothed cross-entropy plus ``brier_weight`` times the Brier score, over a ragged batch."""
-    losses = []
-    for item in batch:
-        logits = head(item.hidden, item.lm_logprob, item.kind)
-        n = logits.shape[0]
-        log_probs = torch.log_softmax(logits, dim=-1)
-        target = torch.full((n,), label_smoothing / n)
-        target[item.label] += 1.0 - label_smoothing
-        onehot = torch.zeros(n)
-        onehot[item.label] = 1.0
-        brier = ((log_probs.exp() - onehot) ** 2).sum()
-        losses.append(-(target * log_probs).sum() + brier_weight * brier)
-    return torch.stack(losses).mean()
+    """Mean :func:`option_loss` over a ragged batch of cached features."""
+    return torch.stack(
+        [
+            option_loss(head(item.hidden, item.lm_logprob, item.kind), item.label,
+                        label_smoothing=label_smoothing, brier_weight=brier_weight)
+            for item in batch
+        ]
+    ).mean()
 
 
 def train_head(
@@ -140,6 +154,124 @@ def train_head(
     return head.eval(), history
 
 
+@dataclass(frozen=True)
+class AdapterConfig:
+    """LoRA on the top layers of the backbone, trained jointly with the head."""
+
+    layers: int = 4
+    """How many of the top decoder layers get LoRA matrices (gradients stop below them)."""
+    rank: int = 8
+    alpha: int = 16
+    epochs: int = 1
+    lr: float = 2e-4
+    """Learning rate of the LoRA matrices (the head keeps ``TrainConfig.lr / 10``)."""
+    batch_size: int = 8
+
+
+def train_adapter(
+    engine: LocalDecisionModel,
+    examples: Sequence[Example],
+    head: DecisionHead,
+    out: Path,
+    config: AdapterConfig = AdapterConfig(),
+    loss: TrainConfig = TrainConfig(),
+    *,
+    on_step: Callable[[int, int], None] | None = None,
+) -> list[float]:
+    """Fit a LoRA adapter on ``engine``'s backbone together with ``head``; returns each epoch's loss.
+
+    The adapter goes into the backbone in place, so ``engine`` answers with it afterwards.
+    After every epoch ``out`` is written as an adapter folder (peft files plus the head,
+    which ``LocalDecisionModel(adapter=out)`` loads) with ``train_progress.json``; a run
+    into a folder that holds an unfinished one resumes after its last finished epoch.
+    """
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    total_layers = int(engine.backbone.lm.config.num_hidden_layers)
+    if not 1 <= config.layers <= total_layers:
+        raise ClefGuardError(f"LoRA layers must be 1 to {total_layers} (the backbone's depth), not {config.layers}")
+    peft_config = LoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=0.0,
+        target_modules=sorted(  # every linear map inside the decoder layers, whatever this family names them
+            {name.rsplit(".", 1)[-1] for name, module in engine.backbone.lm.named_modules()
+             if isinstance(module, torch.nn.Linear) and ".layers." in name}
+        ),
+        layers_to_transform=list(range(total_layers - config.layers, total_layers)),
+    )
+    model = get_peft_model(engine.backbone.lm, peft_config)
+    engine.clear_prefix_cache()  # cached prefixes were computed without the adapter
+    progress_file = out / "train_progress.json"
+    history: list[float] = []
+    if progress_file.exists():
+        history = json.loads(progress_file.read_text())["epoch_losses"]
+        set_peft_model_state_dict(model, load_file(str(out / "adapter_model.safetensors")))
+        head.load_state_dict(DecisionHead.load(out / HEAD_FILE, head.hidden_size).state_dict())
+    torch.manual_seed(loss.seed)
+    rng = random.Random(loss.seed)
+    head_params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in model.parameters() if p.requires_grad], "lr": config.lr},
+            {"params": head_params, "lr": loss.lr / 10},
+        ],
+        weight_decay=loss.weight_decay,
+    )
+    parsed = [parse_questions({"q": example.question})[0] for example in examples]
+    labels = [list(question.options).index(example.label) for question, example in zip(parsed, examples, strict=True)]
+    order = list(range(len(examples)))
+    steps = len(order) * config.epochs
+    for _ in range(len(history)):
+        rng.shuffle(order)  # replay the finished epochs' shuffles
+    with torch.enable_grad():
+        for epoch in range(len(history), config.epochs):
+            rng.shuffle(order)
+            total = 0.0
+            for start in range(0, len(order), config.batch_size):
+                batch = order[start : start + config.batch_size]
+                optimizer.zero_grad()
+                for index in batch:
+                    (features,) = engine.encode_for_training(examples[index].state, [parsed[index]])
+                    logits = head(features.hidden, features.lm_logprob, features.question.kind)
+                    value = option_loss(
+                        logits, labels[index], label_smoothing=loss.label_smoothing, brier_weight=loss.brier_weight
+                    )
+                    (value / len(batch)).backward()  # one example's graph at a time keeps memory flat
+                    total += value.item()
+                optimizer.step()
+                if on_step:
+                    on_step(epoch * len(order) + start + len(batch), steps)
+            history.append(total / len(order))
+            out.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(str(out))
+            head.save(out / HEAD_FILE)
+            progress_file.write_text(json.dumps({"epoch_losses": history, "config": asdict(config)}))
+    engine.clear_prefix_cache()
+    return history
+
+
+def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str, float]:
+    """Fit the head's temperature per question kind on ``features`` (a dev split), in place.
+
+    Kinds with too few examples keep temperature 1 (see :func:`fit_temperature`); returns
+    the temperature of every kind present.
+    """
+    temperatures = {}
+    with torch.no_grad():
+        head.log_temperature.zero_()
+    for index, kind in enumerate(KINDS):
+        mine = [f for f in features if f.kind == kind]
+        if mine:
+            with torch.no_grad():
+                logits = [head(f.hidden, f.lm_logprob, kind) for f in mine]
+            temperatures[kind] = fit_temperature(logits, [f.label for f in mine])  # needs autograd
+            with torch.no_grad():
+                head.log_temperature[index] = torch.log(torch.tensor(temperatures[kind]))
+    return temperatures
+
+
 def predict(head: DecisionHead | None, features: Sequence[Features]) -> list[torch.Tensor]:
     """Option probabilities per example (the backbone alone when ``head`` is ``None``)."""
     with torch.no_grad():
@@ -149,13 +281,12 @@ def predict(head: DecisionHead | None, features: Sequence[Features]) -> list[tor
         ]
 
 
-def config_dict(config: TrainConfig) -> dict[str, Any]:
-    """The config as plain data, for reports."""
-    return asdict(config)
-
-
 def _backbone_key(engine: LocalDecisionModel) -> str:
-    identity = json.dumps({"model": engine.model, "adapter": engine.adapter, "layout": 1}, sort_keys=True)
+    adapter = None
+    if engine.adapter is not None:  # by content: retraining into the same folder must not reuse features
+        weights = Path(engine.adapter) / "adapter_model.safetensors"
+        adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else engine.adapter
+    identity = json.dumps({"model": engine.model, "adapter": adapter, "layout": 1}, sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 

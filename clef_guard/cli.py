@@ -92,7 +92,13 @@ def _add_training_commands(commands: Any) -> None:
     engine.add_argument("--limit", type=int, default=None, help="a fixed-seed random sample of N examples per task")
     engine.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     engine.add_argument("--json", action="store_true", help="print one JSON object")
-    train = commands.add_parser("train", parents=[engine], help="train a decision head")
+    sampled = argparse.ArgumentParser(add_help=False)
+    sampled.add_argument(
+        "--options", type=int, default=None, metavar="K",
+        help="ask choice questions with at most K options (the answer and K-1 drawn at random): cheaper, "
+        "and teaches the head label sets it has not seen",
+    )
+    train = commands.add_parser("train", parents=[engine, sampled], help="train a decision head")
     train.add_argument("--task", action="append", default=[], help="a task from the shared datasets (repeat)")
     train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     train.add_argument("--split", default="train")
@@ -101,7 +107,15 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--lr", type=float, default=None)
     train.add_argument("--label-smoothing", type=float, default=None)
     train.add_argument("--brier-weight", type=float, default=None)
-    calibrate = commands.add_parser("calibrate", parents=[engine], help="calibrate a head and pick thresholds")
+    train.add_argument(
+        "--lora-layers", type=int, default=0, metavar="K",
+        help="then train LoRA on the top K decoder layers with the head (0: head only); --out becomes an adapter "
+        "folder, and a folder holding an unfinished run resumes it",
+    )
+    train.add_argument("--lora-rank", type=int, default=None)
+    train.add_argument("--lora-epochs", type=int, default=None)
+    train.add_argument("--lora-lr", type=float, default=None)
+    calibrate = commands.add_parser("calibrate", parents=[engine, sampled], help="calibrate a head and pick thresholds")
     calibrate.add_argument("--head", type=Path, required=True, help="decision head file (updated with temperatures)")
     calibrate.add_argument("--task", action="append", required=True)
     calibrate.add_argument("--split", default="dev")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clef_guard._datasets import DATASETS_ENV, SPLITS, TASKS, Example, datasets_dir, load_task
+from clef_guard._datasets import DATASETS_ENV, SPLITS, TASKS, Example, datasets_dir, load_task, sample_options
 from clef_guard._errors import ClefGuardError
 
 try:
@@ -40,9 +40,27 @@ def test_intent_sets_have_every_intent_as_an_option() -> None:
     (banking,) = load_task("banking77", "test", limit=1)
     (clinc,) = load_task("clinc150", "test", limit=1)
     assert len(banking.question.criteria) == 77
-    assert banking.question.criteria["card_arrival"] == "card arrival"
+    assert banking.question.criteria["card_arrival"] is None  # the label is its own description
     assert len(clinc.question.criteria) == 151
     assert "oos" in clinc.question.criteria
+
+
+def test_sampled_options_keep_the_answer_and_are_reproducible() -> None:
+    rows = load_task("clinc150", "train", limit=30, seed=1) + load_task("metatool", "train", limit=3)
+    sampled = sample_options(rows, 5)
+    for row, cut in zip(rows, sampled, strict=True):
+        assert cut.id == row.id and cut.label == row.label and cut.state == row.state
+        if row.question.type == "noul":
+            assert cut.question is row.question
+        else:
+            assert len(cut.question.criteria) == 5 and cut.label in cut.question.criteria
+            assert set(cut.question.criteria) <= set(row.question.criteria)
+            assert cut.question.instructions == row.question.instructions
+    assert [r.question for r in sample_options(rows, 5)] == [r.question for r in sampled]
+    assert [r.question for r in sample_options(rows, 5, seed=1)] != [r.question for r in sampled]
+    assert len({tuple(r.question.criteria) for r in sampled[:30]}) > 20  # drawn per example
+    with pytest.raises(ClefGuardError, match="at least 2"):
+        sample_options(rows, 1)
 
 
 @pytest.mark.parametrize("task", ["banking77", "metatool", "injecguard"])

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from langchain_core.decisions import Noul
 
 from clef_guard import DecisionHead, LocalDecisionModel
 from clef_guard._datasets import Example
-from clef_guard._training import TrainConfig, extract_features, predict, train_head
+from clef_guard._requests import parse_questions
+from clef_guard._training import AdapterConfig, TrainConfig, extract_features, option_loss, predict, train_adapter, train_head
 
 QUESTION = Noul(instructions="Does the message mention an animal?")
 ANIMALS = ["cat", "dog", "horse", "parrot", "rabbit", "goat", "tiger", "sheep", "mouse", "duck", "whale", "eagle"]
@@ -23,12 +25,14 @@ def _toy(words: list[str], label: str, offset: int) -> list[Example]:
     ]
 
 
+TRAIN = _toy(ANIMALS[:9], "yes", 0) + _toy(OBJECTS[:9], "no", 0)
+
+
 @pytest.fixture(scope="module")
 def toy(engine: LocalDecisionModel, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
     cache = tmp_path_factory.mktemp("features")
-    train = _toy(ANIMALS[:9], "yes", 0) + _toy(OBJECTS[:9], "no", 0)
     test = _toy(ANIMALS[9:], "yes", 9) + _toy(OBJECTS[9:], "no", 9)
-    return extract_features(engine, train, cache=cache), extract_features(engine, test, cache=cache)
+    return extract_features(engine, TRAIN, cache=cache), extract_features(engine, test, cache=cache)
 
 
 def _accuracy(head: DecisionHead | None, features: list) -> float:
@@ -61,3 +65,54 @@ def test_a_trained_head_loads_into_the_engine_and_changes_answers(engine: LocalD
     tuned = LocalDecisionModel(head=str(tmp_path / "decision_head.safetensors"))
     request = {"state": "A fox ran across the road.", "questions": {"animal": QUESTION}}
     assert abs(tuned.invoke(request).nouls["animal"].noul - engine.invoke(request).nouls["animal"].noul) > 0.05
+
+
+def test_the_training_forward_pass_matches_the_engine(engine: LocalDecisionModel) -> None:
+    questions = parse_questions({"animal": QUESTION, "colour": {"type": "choice", "instructions": "Colour?",
+                                                                 "criteria": {"red": None, "green": None, "blue": None}}})
+    state = {"messages": [{"role": "user", "content": "A green parrot sat on the red lamp."}]}
+    served = engine.encode(state, questions).features
+    trained = engine.encode_for_training(state, questions)
+    for a, b in zip(served, trained, strict=True):
+        assert torch.allclose(a.hidden, b.hidden, atol=1e-3) and torch.allclose(a.lm_logprob, b.lm_logprob, atol=1e-4)
+
+
+def _train_loss(engine: LocalDecisionModel, head: DecisionHead, examples: list[Example]) -> float:
+    total = 0.0
+    with torch.inference_mode():
+        for example in examples:
+            (features,) = engine.encode(example.state, parse_questions({"q": example.question})).features
+            label = features.question.options.index(example.label)
+            logits = head(features.hidden, features.lm_logprob, "noul")
+            total += option_loss(logits, label, label_smoothing=0.05, brier_weight=1.0).item()
+    return total / len(examples)
+
+
+def test_lora_training_lowers_the_loss_saves_a_loadable_adapter_and_resumes(
+    toy: tuple[list, list], tmp_path: Path
+) -> None:
+    train, _ = toy
+    fresh = LocalDecisionModel(default_head=False)  # the adapter goes into this backbone in place
+    head, _ = train_head(train, fresh.backbone.hidden_size, TrainConfig(epochs=60, batch_size=6, lr=3e-2))
+    few = TRAIN[:4] + TRAIN[-4:]  # four of each answer keeps the test quick
+    before = _train_loss(fresh, head, few)
+    # one full-batch step with a small rate: a descent step, so the loss must fall
+    config = AdapterConfig(layers=2, rank=4, epochs=1, lr=1e-4, batch_size=len(few))
+    history = train_adapter(fresh, few, head, tmp_path, config)
+    assert len(history) == 1
+    assert _train_loss(fresh, head, few) < before
+
+    loaded = LocalDecisionModel(adapter=str(tmp_path))
+    assert loaded.decision_head is not None
+    questions = parse_questions({"animal": QUESTION})
+    with torch.inference_mode():
+        (trained,) = fresh.encode("A fox ran across the road.", questions).features
+        in_process = head(trained.hidden, trained.lm_logprob, "noul")
+        from_disk = loaded.option_logits(loaded.encode("A fox ran across the road.", questions).features[0])
+    assert torch.allclose(in_process, from_disk, atol=1e-3)
+
+    steps: list[int] = []
+    resumed = train_adapter(
+        LocalDecisionModel(default_head=False), few, head, tmp_path, config, on_step=lambda done, total: steps.append(done)
+    )
+    assert resumed == history and steps == []  # the epoch was done: nothing runs again

@@ -1,0 +1,131 @@
+"""Decision quality of head recipes, side by side on one backbone's cached features.
+
+    python benchmarks/quality.py transfer [--json]
+    python benchmarks/quality.py intents [--limit 200] [--json]
+
+Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
+temperatures on dev splits (``clef-guard calibrate``'s code) and is scored on test
+splits, next to the backbone alone and the shipped default head. Features come from the
+same cache as the CLI (``extract_features``), and are what ``LocalDecisionModel`` computes
+when serving, so a rerun only pays for what is new.
+
+- transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security. A head
+  trained on one set and scored on the other is the transfer figure; on its own set, the
+  in-distribution one.
+- intents: BANKING77's 77-way test split (``--limit`` rows, fixed seed). Heads trained
+  with 8 sampled options per example on CLINC150 (never seeing a BANKING77 label: zero-shot)
+  and on BANKING77's own train split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from rich.console import Console
+from rich.table import Table
+
+from clef_guard import LocalDecisionModel
+from clef_guard._datasets import Example, load_task, sample_options
+from clef_guard._engine import DEFAULT_HEAD
+from clef_guard._evaluation import score
+from clef_guard._head import DecisionHead
+from clef_guard._training import Features, TrainConfig, calibrate_head, extract_features, predict, train_head
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows of one task's split: all, or a seeded sample; choices cut to ``options`` when given."""
+
+    task: str
+    split: str
+    limit: int | None = None
+    options: int | None = None
+
+    def examples(self) -> list[Example]:
+        rows = load_task(self.task, self.split, limit=self.limit, seed=0)
+        return sample_options(rows, self.options) if self.options else rows
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    train: tuple[Part, ...]
+    calibrate: tuple[Part, ...]
+
+
+def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
+    if name == "transfer":
+        def on(*tasks: str) -> Recipe:
+            return Recipe(
+                f"head on {' + '.join(tasks)}",
+                tuple(Part(t, "train") for t in tasks),
+                tuple(Part(t, "dev") for t in tasks),
+            )
+
+        return [on("rjudge"), on("assebench"), on("rjudge", "assebench")], [Part("rjudge", "test"), Part("assebench", "test")]
+    if name == "intents":
+        def sampled(task: str) -> Recipe:
+            return Recipe(
+                f"head on {task} (8 options)",
+                (Part(task, "train", 1500, 8),),
+                (Part(task, "dev", 300, 8),),
+            )
+
+        return [sampled("clinc150"), sampled("banking77")], [Part("banking77", "test", limit)]
+    raise SystemExit(f"unknown suite {name!r}: transfer or intents")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=["transfer", "intents"])
+    parser.add_argument("--limit", type=int, default=200, help="test rows per intent set (fixed seed)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    recipes, tests = _suite(args.suite, args.limit)
+    engine = LocalDecisionModel(default_head=False)
+    cache: dict[Part, tuple[list[Example], list[Features]]] = {}
+
+    def read(part: Part) -> tuple[list[Example], list[Features]]:
+        if part not in cache:
+            rows = part.examples()
+            cache[part] = rows, extract_features(engine, rows)
+        return cache[part]
+
+    heads: dict[str, DecisionHead | None] = {
+        "backbone alone": None,
+        "shipped default head": DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size),
+    }
+    seconds: dict[str, float] = {}
+    for recipe in recipes:
+        started = time.perf_counter()
+        train = [f for part in recipe.train for f in read(part)[1]]
+        head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig())
+        calibrate_head(head, [f for part in recipe.calibrate for f in read(part)[1]])
+        heads[recipe.name] = head
+        seconds[recipe.name] = time.perf_counter() - started
+    results = []
+    for part in tests:
+        rows, features = read(part)
+        for name, head in heads.items():
+            distributions = [p.tolist() for p in predict(head, features)]
+            results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
+    if args.json:
+        print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
+        return
+    table = Table(title=f"quality: {args.suite}")
+    for column in ("test", "head", "n", "accuracy", "macro_f1", "ece", "brier"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r["test"], r["head"], str(r["n"]), *(f"{r[k]:.3f}" for k in ("accuracy", "macro_f1", "ece", "brier")))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
