@@ -9,9 +9,9 @@ splits, next to the backbone alone and the shipped default head. Features come f
 same cache as the CLI (``extract_features``), and are what ``LocalDecisionModel`` computes
 when serving, so a rerun only pays for what is new.
 
-- transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security. A head
-  trained on one set and scored on the other is the transfer figure; on its own set, the
-  in-distribution one.
+- transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security (300
+  train and 60 dev rows of each, ``--limit`` test rows). A head trained on one set and
+  scored on the other is the transfer figure; on its own set, the in-distribution one.
 - intents: BANKING77's 77-way test split (``--limit`` rows, fixed seed). Heads trained
   with 8 sampled options per example on CLINC150 (never seeing a BANKING77 label: zero-shot)
   and on BANKING77's own train split.
@@ -65,11 +65,12 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
         def on(*tasks: str) -> Recipe:
             return Recipe(
                 f"head on {' + '.join(tasks)}",
-                tuple(Part(t, "train") for t in tasks),
-                tuple(Part(t, "dev") for t in tasks),
+                tuple(Part(t, "train", 300) for t in tasks),
+                tuple(Part(t, "dev", 60) for t in tasks),
             )
 
-        return [on("rjudge"), on("assebench"), on("rjudge", "assebench")], [Part("rjudge", "test"), Part("assebench", "test")]
+        tests = [Part("rjudge", "test", limit), Part("assebench", "test", limit)]
+        return [on("rjudge"), on("assebench"), on("rjudge", "assebench")], tests
     if name == "intents":
         def sampled(task: str) -> Recipe:
             return Recipe(
@@ -85,7 +86,7 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=["transfer", "intents"])
-    parser.add_argument("--limit", type=int, default=200, help="test rows per intent set (fixed seed)")
+    parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit)

@@ -19,7 +19,8 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,12 @@ def train_head(
         history.append(total / len(order))
         if on_epoch:
             on_epoch(epoch + 1, history[-1])
+    with torch.no_grad():  # weight decay moved kinds the data never asked: give them the backbone back
+        for index, kind in enumerate(KINDS):
+            if not any(f.kind == kind for f in features):
+                head.proj.weight[index].zero_()
+                head.proj.bias[index].zero_()
+                head.lm_weight[index] = 1.0
     return head.eval(), history
 
 
@@ -225,6 +232,7 @@ def train_adapter(
     steps = len(order) * config.epochs
     for _ in range(len(history)):
         rng.shuffle(order)  # replay the finished epochs' shuffles
+    below = _FrozenLayers(engine.backbone.decoder, config.layers)
     with torch.enable_grad():
         for epoch in range(len(history), config.epochs):
             rng.shuffle(order)
@@ -233,7 +241,8 @@ def train_adapter(
                 batch = order[start : start + config.batch_size]
                 optimizer.zero_grad()
                 for index in batch:
-                    (features,) = engine.encode_for_training(examples[index].state, [parsed[index]])
+                    with below.reused(index):
+                        (features,) = engine.encode_for_training(examples[index].state, [parsed[index]])
                     logits = head(features.hidden, features.lm_logprob, features.question.kind)
                     value = option_loss(
                         logits, labels[index], label_smoothing=loss.label_smoothing, brier_weight=loss.brier_weight
@@ -250,6 +259,54 @@ def train_adapter(
             progress_file.write_text(json.dumps({"epoch_losses": history, "config": asdict(config)}))
     engine.clear_prefix_cache()
     return history
+
+
+class _FrozenLayers:
+    """Runs the layers below the LoRA ones once per example and reuses what they produce.
+
+    Those layers are frozen, so their output for an example never changes: the first pass
+    records the hidden states entering the lowest LoRA layer, and later passes feed them
+    straight into it, running only the top layers. That makes an epoch after the first
+    cost about ``top / depth`` of a full pass. A decoder without a ``layers`` list runs
+    in full every time.
+    """
+
+    def __init__(self, decoder: Any, top: int) -> None:
+        layers = getattr(decoder, "layers", None)
+        self._decoder = decoder if isinstance(layers, torch.nn.ModuleList) and top < len(layers) else None
+        self._top = top
+        self._inputs: dict[int, torch.Tensor] = {}
+
+    @contextmanager
+    def reused(self, key: int) -> Iterator[None]:
+        """Within this block, the backbone pass for example ``key`` records or reuses the frozen part."""
+        if self._decoder is None:
+            yield
+            return
+        layers = self._decoder.layers
+        lowest = layers[len(layers) - self._top]
+        if key not in self._inputs:
+            def record(module: Any, args: tuple[Any, ...]) -> None:
+                if args:  # a family that passes hidden states by keyword is never replayed
+                    self._inputs[key] = args[0].detach()
+
+            handle = lowest.register_forward_pre_hook(record)
+            try:
+                yield
+            finally:
+                handle.remove()
+            return
+
+        def replay(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (self._inputs[key], *args[1:])
+
+        handle = lowest.register_forward_pre_hook(replay)
+        self._decoder.layers = torch.nn.ModuleList(list(layers)[-self._top :])
+        try:
+            yield
+        finally:
+            self._decoder.layers = layers
+            handle.remove()
 
 
 def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str, float]:

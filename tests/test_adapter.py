@@ -63,3 +63,23 @@ def test_the_shipped_head_loads_by_default_and_changes_answers(engine: LocalDeci
     zero_shot = LocalDecisionModel(default_head=False)
     assert zero_shot.decision_head is None
     assert abs(engine.invoke(REQUEST).nouls["d"].noul - zero_shot.invoke(REQUEST).nouls["d"].noul) > 1e-3
+
+
+def test_a_first_format_head_applies_its_one_set_of_weights_to_every_kind(engine: LocalDecisionModel, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    width = engine.backbone.hidden_size
+    torch.manual_seed(1)
+    weight = torch.randn(1, width)
+    save_file(
+        {"proj.weight": weight, "proj.bias": torch.tensor([0.5]), "lm_weight": torch.tensor(2.0),
+         "log_temperature": torch.zeros(3)},
+        str(tmp_path / "v1.safetensors"),
+        metadata={"format": "clef-guard-head/1", "hidden_size": str(width)},
+    )
+    head = DecisionHead.load(tmp_path / "v1.safetensors", width)
+    hidden, logprob = torch.randn(2, width), torch.tensor([-1.0, -2.0])
+    expected = hidden @ weight[0] + 0.5 + 2.0 * logprob
+    with torch.no_grad():
+        for kind in ("noul", "choice", "score"):
+            assert torch.allclose(head(hidden, logprob, kind), expected, atol=1e-5)

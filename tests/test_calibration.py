@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clef_guard._calibration import (
+    TEMPERATURE_RANGE,
     _binomial_cdf,
     brier_score,
     choose_threshold,
@@ -52,6 +53,15 @@ def test_temperature_scaling_recovers_the_temperature_and_lowers_ece() -> None:
         return expected_calibration_error([float(p.max()) for p in probs], [int(p.argmax()) == y for p, y in zip(probs, labels)])
 
     assert ece(temperature) < ece(1.0) / 2
+
+
+def test_temperature_fit_survives_sharp_ragged_logits() -> None:
+    torch.manual_seed(1)
+    logits = [torch.randn(n) * 1000 for n in [2, 5, 8] * 20]  # confidently wrong half the time
+    labels = [i % len(z) for i, z in enumerate(logits)]
+    temperature = fit_temperature(logits, labels)
+    assert TEMPERATURE_RANGE[0] <= temperature <= TEMPERATURE_RANGE[1]
+    assert temperature > 10  # such logits must be softened a lot
 
 
 @settings(max_examples=200, deadline=None)

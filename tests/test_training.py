@@ -11,7 +11,16 @@ from langchain_core.decisions import Noul
 from clef_guard import DecisionHead, LocalDecisionModel
 from clef_guard._datasets import Example
 from clef_guard._requests import parse_questions
-from clef_guard._training import AdapterConfig, TrainConfig, extract_features, option_loss, predict, train_adapter, train_head
+from clef_guard._training import (
+    AdapterConfig,
+    TrainConfig,
+    _FrozenLayers,
+    extract_features,
+    option_loss,
+    predict,
+    train_adapter,
+    train_head,
+)
 
 QUESTION = Noul(instructions="Does the message mention an animal?")
 ANIMALS = ["cat", "dog", "horse", "parrot", "rabbit", "goat", "tiger", "sheep", "mouse", "duck", "whale", "eagle"]
@@ -45,6 +54,15 @@ def test_training_lowers_the_loss_and_beats_chance(engine: LocalDecisionModel, t
     assert history[-1] < history[0] * 0.5
     assert _accuracy(head, train) >= 0.9
     assert _accuracy(head, test) > 0.5
+
+
+def test_a_head_trained_on_nouls_leaves_choices_to_the_backbone(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:
+    train, _ = toy
+    head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig(epochs=5, batch_size=6))
+    hidden, logprob = torch.randn(4, engine.backbone.hidden_size), torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    with torch.no_grad():
+        assert torch.equal(head(hidden, logprob, "choice"), logprob)
+        assert not torch.equal(head(hidden, logprob, "noul"), logprob)
 
 
 def test_feature_cache_is_reused(engine: LocalDecisionModel, tmp_path: Path) -> None:
@@ -116,3 +134,22 @@ def test_lora_training_lowers_the_loss_saves_a_loadable_adapter_and_resumes(
         LocalDecisionModel(default_head=False), few, head, tmp_path, config, on_step=lambda done, total: steps.append(done)
     )
     assert resumed == history and steps == []  # the epoch was done: nothing runs again
+
+
+def test_frozen_layers_run_once_and_their_output_is_reused_exactly(engine: LocalDecisionModel) -> None:
+    questions = parse_questions({"animal": QUESTION})
+    decoder = engine.backbone.decoder
+    bottom_calls: list[int] = []
+    handle = decoder.layers[0].register_forward_hook(lambda *_: bottom_calls.append(1))
+    below = _FrozenLayers(decoder, 2)
+    try:
+        with below.reused(7):
+            (first,) = engine.encode_for_training("A goat ate the lamp.", questions)
+        with below.reused(7):
+            (again,) = engine.encode_for_training("A goat ate the lamp.", questions)
+    finally:
+        handle.remove()
+    assert bottom_calls == [1]  # the second pass ran the top two layers only
+    assert len(decoder.layers) == engine.backbone.lm.config.num_hidden_layers
+    assert torch.allclose(first.hidden, again.hidden, atol=1e-5)
+    assert torch.allclose(first.lm_logprob, again.lm_logprob, atol=1e-5)
