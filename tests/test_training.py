@@ -132,7 +132,8 @@ def test_lora_training_lowers_the_loss_saves_a_loadable_adapter_and_resumes(
 
     steps: list[int] = []
     resumed = train_adapter(
-        LocalDecisionModel(default_head=False), few, head, tmp_path, config, TrainConfig(lr=0.0), on_step=lambda done, total: steps.append(done)
+        LocalDecisionModel(default_head=False), few, head, tmp_path, config, TrainConfig(lr=0.0),
+        on_step=lambda done, total: steps.append(done),
     )
     assert resumed == history and steps == []  # the epoch was done: nothing runs again
 
