@@ -88,17 +88,23 @@ def _jsonl_examples(path: Path) -> list[Example]:
     return examples
 
 
-def _features(engine: LocalDecisionModel, examples: list[Example], console: Console, quiet: bool, what: str) -> list[Features]:
-    with _progress(console, quiet) as progress:
+def _features(
+    args: argparse.Namespace, engine: LocalDecisionModel, examples: list[Example], console: Console, what: str
+) -> list[Features]:
+    with _progress(console, args.json) as progress:
         bar = progress.add_task(what, total=len(examples))
-        return extract_features(engine, examples, on_progress=lambda done, total: progress.update(bar, completed=done))
+        return extract_features(
+            engine, examples, cache=args.features, on_progress=lambda done, total: progress.update(bar, completed=done)
+        )
 
 
 def _train(args: argparse.Namespace, console: Console) -> int:
+    if args.lora_layers and args.adapter:
+        raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
     started = time.perf_counter()
     engine = _engine(args)
     examples = _examples(args, args.data)
-    features = _features(engine, examples, console, args.json, "reading examples with the backbone")
+    features = _features(args, engine, examples, console, "reading examples with the backbone")
     feature_s = time.perf_counter() - started
     overrides = {
         "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight
@@ -139,8 +145,6 @@ def _train_lora(
     head: DecisionHead, loss: TrainConfig,
 ) -> dict[str, Any]:
     """Stage two of ``train``: LoRA on the top layers with the head; ``--out`` becomes an adapter folder."""
-    if args.adapter:
-        raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
     overrides = {"layers": args.lora_layers, "rank": args.lora_rank, "epochs": args.lora_epochs, "lr": args.lora_lr}
     config = replace(AdapterConfig(), **{k: v for k, v in overrides.items() if v is not None})
     started = time.perf_counter()
@@ -164,8 +168,8 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     head = DecisionHead.load(args.head, engine.backbone.hidden_size)
     with torch.no_grad():
         head.log_temperature.zero_()  # "before" is the uncalibrated head
-    examples = _examples(args, [])
-    features = _features(engine, examples, console, args.json, "reading the calibration split")
+    examples = _examples(args, args.data)
+    features = _features(args, engine, examples, console, "reading the calibration split")
     before = predict(head, features)
     temperatures = calibrate_head(head, features)
     after = predict(head, features)
@@ -173,9 +177,10 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     confidences = [float(p.max()) for p in after]
     correct = [int(p.argmax()) == f.label for p, f in zip(after, features, strict=True)]
     choice = choose_threshold(confidences, correct, target_error=args.target_error, confidence=args.confidence)
-    reliability_diagram(confidences, correct, args.plot, title=f"{', '.join(args.task)} ({args.split}), calibrated")
+    reliability_diagram(confidences, correct, args.plot, title=f"{', '.join([*args.task, *(d.name for d in args.data)])} ({args.split}), calibrated")
     report = {
         "tasks": args.task,
+        "data": [str(d) for d in args.data],
         "split": args.split,
         "n": len(features),
         "temperatures": temperatures,

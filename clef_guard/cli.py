@@ -94,6 +94,10 @@ def _add_training_commands(commands: Any) -> None:
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     sampled = argparse.ArgumentParser(add_help=False)
     sampled.add_argument(
+        "--features", type=Path, default=None, metavar="DIR",
+        help="feature cache folder (default: $CLEF_GUARD_CACHE/features); reruns only read what is new",
+    )
+    sampled.add_argument(
         "--options", type=int, default=None, metavar="K",
         help="ask choice questions with at most K options (the answer and K-1 drawn at random): cheaper, "
         "and teaches the head label sets it has not seen",
@@ -117,7 +121,8 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--lora-lr", type=float, default=None)
     calibrate = commands.add_parser("calibrate", parents=[engine, sampled], help="calibrate a head and pick thresholds")
     calibrate.add_argument("--head", type=Path, required=True, help="decision head file (updated with temperatures)")
-    calibrate.add_argument("--task", action="append", required=True)
+    calibrate.add_argument("--task", action="append", default=[], help="a task's split to calibrate on (repeat)")
+    calibrate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     calibrate.add_argument("--split", default="dev")
     calibrate.add_argument("--target-error", type=float, default=0.01)
     calibrate.add_argument("--confidence", type=float, default=0.95)

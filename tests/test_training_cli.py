@@ -1,0 +1,69 @@
+"""``clef-guard train`` (head, then LoRA), ``calibrate`` and their reports, on a JSONL data file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clef_guard import LocalDecisionModel
+from clef_guard.cli import main
+
+COLOURS = {"red": None, "green": None, "blue": None, "yellow": None}
+ROWS = [
+    ("The fire engine is parked outside.", "red"),
+    ("Fresh grass covers the hill.", "green"),
+    ("The clear sky at noon.", "blue"),
+    ("A ripe banana on the table.", "yellow"),
+    ("Strawberries and tomatoes in a bowl.", "red"),
+    ("A frog sat on a lily pad.", "green"),
+]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    lines = []
+    for text, colour in ROWS:
+        questions = {
+            "colour": {"type": "choice", "instructions": "Which colour is the thing described?", "criteria": COLOURS},
+            "food": {"type": "noul", "instructions": "Is something edible mentioned?"},
+        }
+        labels = {"colour": colour, "food": text.startswith(("A ripe", "Strawberries"))}
+        lines.append(json.dumps({"state": text, "questions": questions, "labels": labels}))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def test_train_then_lora_writes_an_adapter_folder_that_loads(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, features = tmp_path / "adapter", tmp_path / "features"
+    argv = ["train", "--data", str(data), "--options", "2", "--epochs", "3", "--lora-layers", "1", "--lora-epochs", "1",
+            "--features", str(features), "--out", str(out), "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 12 and report["options"] == 2
+    assert report["lora"]["config"]["layers"] == 1 and len(report["lora"]["epoch_losses"]) == 1
+    assert report["lora"]["seconds_per_example"] > 0
+    assert {"adapter_config.json", "adapter_model.safetensors", "decision_head.safetensors"} <= {p.name for p in out.iterdir()}
+    assert list(features.glob("*.pt"))  # the feature cache went where it was told
+    assert LocalDecisionModel(adapter=str(out)).decision_head is not None
+
+    calibration = tmp_path / "calibration.yaml"
+    argv = ["calibrate", "--adapter", str(out), "--head", str(out / "decision_head.safetensors"), "--data", str(data),
+            "--features", str(features), "--target-error", "0.5", "--out", str(calibration), "--plot", str(tmp_path / "reliability.png"), "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 12 and set(report["before"]) == {"accuracy", "ece", "brier"}
+    written = yaml.safe_load(calibration.read_text())
+    assert written["version"] == 1 and written["report"]["n"] == 12
+    assert (tmp_path / "reliability.png").stat().st_size > 0
+
+
+def test_lora_on_top_of_an_adapter_is_refused(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--data", str(data), "--adapter", str(tmp_path), "--lora-layers", "1", "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    assert "leave out --adapter" in " ".join(capsys.readouterr().err.split())  # rich wraps lines
