@@ -156,9 +156,9 @@ def _train_lora(
     seconds = time.perf_counter() - started
     return {
         "config": asdict(config),
-        "epoch_losses": history,
+        "epoch_losses": history.losses,
+        "epoch_seconds": history.seconds,  # the first pays for every layer, later ones for the top ones
         "seconds": round(seconds, 1),
-        "seconds_per_example": round(seconds / (len(examples) * config.epochs), 3),
         "adapter": str(args.out),
     }
 

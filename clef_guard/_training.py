@@ -175,6 +175,14 @@ class AdapterConfig:
     batch_size: int = 8
 
 
+@dataclass
+class AdapterHistory:
+    """Per finished epoch of :func:`train_adapter`: its mean loss and its wall-clock seconds."""
+
+    losses: list[float]
+    seconds: list[float]
+
+
 def train_adapter(
     engine: LocalDecisionModel,
     examples: Sequence[Example],
@@ -184,8 +192,8 @@ def train_adapter(
     loss: TrainConfig = TrainConfig(),
     *,
     on_step: Callable[[int, int], None] | None = None,
-) -> list[float]:
-    """Fit a LoRA adapter on ``engine``'s backbone together with ``head``; returns each epoch's loss.
+) -> AdapterHistory:
+    """Fit a LoRA adapter on ``engine``'s backbone together with ``head``, epoch by epoch.
 
     The adapter goes into the backbone in place, so ``engine`` answers with it afterwards.
     After every epoch ``out`` is written as an adapter folder (peft files plus the head,
@@ -211,9 +219,10 @@ def train_adapter(
     model = get_peft_model(engine.backbone.lm, peft_config)
     engine.clear_prefix_cache()  # cached prefixes were computed without the adapter
     progress_file = out / "train_progress.json"
-    history: list[float] = []
+    history = AdapterHistory([], [])
     if progress_file.exists():
-        history = json.loads(progress_file.read_text())["epoch_losses"]
+        done = json.loads(progress_file.read_text())
+        history = AdapterHistory(done["epoch_losses"], done["epoch_seconds"])
         set_peft_model_state_dict(model, load_file(str(out / "adapter_model.safetensors")))
         head.load_state_dict(DecisionHead.load(out / HEAD_FILE, head.hidden_size).state_dict())
     torch.manual_seed(loss.seed)
@@ -230,13 +239,13 @@ def train_adapter(
     labels = [list(question.options).index(example.label) for question, example in zip(parsed, examples, strict=True)]
     order = list(range(len(examples)))
     steps = len(order) * config.epochs
-    for _ in range(len(history)):
+    for _ in history.losses:
         rng.shuffle(order)  # replay the finished epochs' shuffles
     below = _FrozenLayers(engine.backbone.decoder, config.layers)
     with torch.enable_grad():
-        for epoch in range(len(history), config.epochs):
+        for epoch in range(len(history.losses), config.epochs):
             rng.shuffle(order)
-            total = 0.0
+            total, started = 0.0, time.perf_counter()
             for start in range(0, len(order), config.batch_size):
                 batch = order[start : start + config.batch_size]
                 optimizer.zero_grad()
@@ -252,11 +261,13 @@ def train_adapter(
                 optimizer.step()
                 if on_step:
                     on_step(epoch * len(order) + start + len(batch), steps)
-            history.append(total / len(order))
+            history.losses.append(total / len(order))
+            history.seconds.append(round(time.perf_counter() - started, 1))
             out.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(str(out))
             head.save(out / HEAD_FILE)
-            progress_file.write_text(json.dumps({"epoch_losses": history, "config": asdict(config)}))
+            progress = {"epoch_losses": history.losses, "epoch_seconds": history.seconds, "config": asdict(config)}
+            progress_file.write_text(json.dumps(progress))
     engine.clear_prefix_cache()
     return history
 

@@ -47,7 +47,7 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == 12 and report["options"] == 2
     assert report["lora"]["config"]["layers"] == 1 and len(report["lora"]["epoch_losses"]) == 1
-    assert report["lora"]["seconds_per_example"] > 0
+    assert len(report["lora"]["epoch_seconds"]) == 1 and report["lora"]["seconds"] > 0
     assert {"adapter_config.json", "adapter_model.safetensors", "decision_head.safetensors"} <= {p.name for p in out.iterdir()}
     assert list(features.glob("*.pt"))  # the feature cache went where it was told
     assert LocalDecisionModel(adapter=str(out)).decision_head is not None
