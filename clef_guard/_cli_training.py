@@ -60,9 +60,9 @@ def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionM
     return LocalDecisionModel(**{k: v for k, v in options.items() if v})
 
 
-def _examples(args: argparse.Namespace, files: list[Path]) -> list[Example]:
+def _examples(args: argparse.Namespace) -> list[Example]:
     examples = [e for task in args.task for e in load_task(task, args.split, limit=args.limit, seed=args.seed)]
-    for file in files:
+    for file in args.data:
         examples += _jsonl_examples(file)
     if not examples:
         raise ClefGuardError("no examples: give --task NAME or --data FILE.jsonl")
@@ -103,7 +103,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
     started = time.perf_counter()
     engine = _engine(args)
-    examples = _examples(args, args.data)
+    examples = _examples(args)
     features = _features(args, engine, examples, console, "reading examples with the backbone")
     feature_s = time.perf_counter() - started
     overrides = {
@@ -168,7 +168,7 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     head = DecisionHead.load(args.head, engine.backbone.hidden_size)
     with torch.no_grad():
         head.log_temperature.zero_()  # "before" is the uncalibrated head
-    examples = _examples(args, args.data)
+    examples = _examples(args)
     features = _features(args, engine, examples, console, "reading the calibration split")
     before = predict(head, features)
     temperatures = calibrate_head(head, features)

@@ -261,7 +261,7 @@ class LocalDecisionModel(BaseDecisionModel):
         Requests from concurrent threads (``batch``, a server) are combined: whoever
         holds the backbone next runs every waiting request in packed forward passes.
         """
-        job = _Job(state, [self._branch(question) for question in questions])
+        job = self._job(state, questions)
         with self._queue_lock:
             self._waiting.append(job)
         with self._lock, torch.inference_mode():
@@ -279,7 +279,7 @@ class LocalDecisionModel(BaseDecisionModel):
         prepared: list[_Prepared] = []
         for job in jobs:
             try:
-                prepared.append(_Prepared(job, *self._prefix_tokens(job.state, max(b.length for b in job.branches))))
+                prepared.append(self._prepare(job))
             except Exception as exc:  # this request's own fault; the others still run
                 _fail(job, exc)
         for group in _groups(prepared, lambda item: item.length, self.max_tree_tokens):
@@ -312,10 +312,15 @@ class LocalDecisionModel(BaseDecisionModel):
         the features reaches a LoRA adapter on the backbone. Call it under
         ``torch.enable_grad()`` with the adapter's parameters trainable.
         """
-        job = _Job(state, [self._branch(question) for question in questions])
-        item = _Prepared(job, *self._prefix_tokens(state, max(b.length for b in job.branches)))
-        (features,) = self._forward_packed([item])
+        (features,) = self._forward_packed([self._prepare(self._job(state, questions))])
         return features
+
+    def _job(self, state: State, questions: Sequence[ParsedQuestion]) -> _Job:
+        return _Job(state, [self._branch(question) for question in questions])
+
+    def _prepare(self, job: _Job) -> _Prepared:
+        """``job`` with its prefix tokens, cut to leave room for its longest branch."""
+        return _Prepared(job, *self._prefix_tokens(job.state, max(b.length for b in job.branches)))
 
     def _encode_packed(self, group: list[_Prepared]) -> None:
         """Several requests in one forward pass, each answered from its own block."""

@@ -60,14 +60,14 @@ def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]])
         labels.append(example.label)
         predictions.append(parsed.options[best])
         gold.append(parsed.options.index(example.label))
-        confidences.append(float(probabilities[best]))
+        confidences.append(probabilities[best])
     correct = [p == y for p, y in zip(predictions, labels, strict=True)]
     return {
         "n": len(examples),
         "accuracy": sum(correct) / len(correct),
         "macro_f1": macro_f1(labels, predictions),
         "ece": expected_calibration_error(confidences, correct),
-        "brier": brier_score([list(map(float, d)) for d in distributions], gold),
+        "brier": brier_score(distributions, gold),
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -329,14 +330,12 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str
     temperatures = {}
     with torch.no_grad():
         head.log_temperature.zero_()
-    for index, kind in enumerate(KINDS):
-        mine = [f for f in features if f.kind == kind]
-        if mine:
-            with torch.no_grad():
+        for index, kind in enumerate(KINDS):
+            mine = [f for f in features if f.kind == kind]
+            if mine:
                 logits = [head(f.hidden, f.lm_logprob, kind) for f in mine]
-            temperatures[kind] = fit_temperature(logits, [f.label for f in mine])  # needs autograd
-            with torch.no_grad():
-                head.log_temperature[index] = torch.log(torch.tensor(temperatures[kind]))
+                temperatures[kind] = fit_temperature(logits, [f.label for f in mine])
+                head.log_temperature[index] = math.log(temperatures[kind])
     return temperatures
 
 

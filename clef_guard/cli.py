@@ -92,17 +92,17 @@ def _add_training_commands(commands: Any) -> None:
     engine.add_argument("--limit", type=int, default=None, help="a fixed-seed random sample of N examples per task")
     engine.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     engine.add_argument("--json", action="store_true", help="print one JSON object")
-    sampled = argparse.ArgumentParser(add_help=False)
-    sampled.add_argument(
+    reading = argparse.ArgumentParser(add_help=False)  # how train and calibrate read their examples
+    reading.add_argument(
         "--features", type=Path, default=None, metavar="DIR",
         help="feature cache folder (default: $CLEF_GUARD_CACHE/features); reruns only read what is new",
     )
-    sampled.add_argument(
+    reading.add_argument(
         "--options", type=int, default=None, metavar="K",
         help="ask choice questions with at most K options (the answer and K-1 drawn at random): cheaper, "
         "and teaches the head label sets it has not seen",
     )
-    train = commands.add_parser("train", parents=[engine, sampled], help="train a decision head")
+    train = commands.add_parser("train", parents=[engine, reading], help="train a decision head")
     train.add_argument("--task", action="append", default=[], help="a task from the shared datasets (repeat)")
     train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     train.add_argument("--split", default="train")
@@ -119,7 +119,7 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--lora-rank", type=int, default=None)
     train.add_argument("--lora-epochs", type=int, default=None)
     train.add_argument("--lora-lr", type=float, default=None)
-    calibrate = commands.add_parser("calibrate", parents=[engine, sampled], help="calibrate a head and pick thresholds")
+    calibrate = commands.add_parser("calibrate", parents=[engine, reading], help="calibrate a head and pick thresholds")
     calibrate.add_argument("--head", type=Path, required=True, help="decision head file (updated with temperatures)")
     calibrate.add_argument("--task", action="append", default=[], help="a task's split to calibrate on (repeat)")
     calibrate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
