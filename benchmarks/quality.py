@@ -12,9 +12,10 @@ when serving, so a rerun only pays for what is new.
 - transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security (300
   train and 60 dev rows of each, ``--limit`` test rows). A head trained on one set and
   scored on the other is the transfer figure; on its own set, the in-distribution one.
-- intents: BANKING77's 77-way test split (``--limit`` rows, fixed seed). Heads trained
-  with 8 sampled options per example on CLINC150 (never seeing a BANKING77 label: zero-shot)
-  and on BANKING77's own train split.
+- intents: BANKING77's 77-way test split (``--limit`` rows, fixed seed), a wide choice
+  (see ``LocalDecisionModel.wide_choice_options``). Heads trained on CLINC150's 151-way
+  question (1,500 rows; never seeing a BANKING77 label: zero-shot) and on 3,000 rows of
+  BANKING77's own train split.
 """
 
 from __future__ import annotations
@@ -72,14 +73,10 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
         tests = [Part("rjudge", "test", limit), Part("assebench", "test", limit)]
         return [on("rjudge"), on("assebench"), on("rjudge", "assebench")], tests
     if name == "intents":
-        def sampled(task: str) -> Recipe:
-            return Recipe(
-                f"head on {task} (8 options)",
-                (Part(task, "train", 1500, 8),),
-                (Part(task, "dev", 300, 8),),
-            )
+        def wide(task: str, rows: int) -> Recipe:
+            return Recipe(f"head on {task} ({rows} rows)", (Part(task, "train", rows),), (Part(task, "dev", 300),))
 
-        return [sampled("clinc150"), sampled("banking77")], [Part("banking77", "test", limit)]
+        return [wide("clinc150", 1500), wide("banking77", 3000)], [Part("banking77", "test", limit)]
     raise SystemExit(f"unknown suite {name!r}: transfer or intents")
 
 

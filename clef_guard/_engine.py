@@ -11,12 +11,18 @@ How one request is answered (see :mod:`clef_guard._prompt` for the layout):
 4. each option gets the backbone's mean log-probability of its tokens and the hidden
    state of its closing token; the decision head (or the backbone alone) turns these
    into logits, and a softmax per question into probabilities.
+
+A *wide* choice (more options than ``wide_choice_options``) lists no option and has no
+option branches: its options are embeddings of their labels, computed once and cached,
+matched by the head against the hidden state where the question's answer starts. So a
+255-way choice costs about what a yes/no question does.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +37,7 @@ from clef_guard._backbone import EMBEDDED_MODEL, Backbone, load_backbone
 from clef_guard._errors import EngineError, ModelLoadError, RequestError
 from clef_guard._head import HEAD_FILE, DecisionHead
 from clef_guard._prefix_cache import PrefixCache
-from clef_guard._prompt import PromptLayout
+from clef_guard._prompt import PromptLayout, label_text
 from clef_guard._requests import ParsedQuestion, parse_questions
 from clef_guard._state import state_segments
 
@@ -39,6 +45,8 @@ _OMITTED = "[... earlier turns omitted ...]\n"
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
 _LOGIT_CHUNK = 256
+_LABEL_CACHE_SIZE = 4096
+_LABEL_BATCH = 64
 
 
 def _fail(job: _Job, exc: Exception) -> None:
@@ -82,10 +90,17 @@ class OptionFeatures:
     """What the engine read for each option of one question, in option order."""
 
     question: ParsedQuestion
+    reading: str
+    """How the head reads it: the question's kind, or ``"wide"`` (see :mod:`clef_guard._head`)."""
     hidden: torch.Tensor
-    """``[n_options, hidden_size]``: hidden state of each option's closing token."""
+    """``[n_options, hidden_size]``: hidden state of each option's closing token (a wide
+    choice: each option's label embedding)."""
     lm_logprob: torch.Tensor
-    """``[n_options]``: mean log-probability of each option's tokens."""
+    """``[n_options]``: mean log-probability of each option's tokens (a wide choice: of
+    its first token)."""
+    query: torch.Tensor
+    """``[hidden_size]``: hidden state of the question's last token, where the answer starts
+    (it has read the state and the question, but no option)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +122,9 @@ class _Tree:
     allowed: torch.Tensor
     """``[L, prefix + L]`` boolean: what each tree token may attend to."""
     spans: list[list[tuple[int, int]]]
-    """Per branch, the ``(start, end)`` of each option within the tree."""
+    """Per branch, the ``(start, end)`` of each option within the tree (none when wide)."""
+    ends: list[int]
+    """Per branch, the position of its question's last token within the tree."""
 
 
 @dataclass(frozen=True)
@@ -137,12 +154,18 @@ class _Job:
 @dataclass(frozen=True)
 class _Branch:
     question: ParsedQuestion
+    reading: str
     question_tokens: list[int]
     option_tokens: list[list[int]]
 
     @property
+    def wide(self) -> bool:
+        return self.reading == "wide"
+
+    @property
     def length(self) -> int:
-        return len(self.question_tokens) + sum(len(option) for option in self.option_tokens)
+        """Tokens in the tree: a wide choice's options are not in it."""
+        return len(self.question_tokens) + (0 if self.wide else sum(len(option) for option in self.option_tokens))
 
 
 class LocalDecisionModel(BaseDecisionModel):
@@ -187,6 +210,9 @@ class LocalDecisionModel(BaseDecisionModel):
     max_tree_tokens: int = Field(default=4096, ge=64)
     """Most question and option tokens scored in one forward pass (more take several), and
     most tokens of concurrent requests packed into one pass."""
+    wide_choice_options: int = Field(default=16, ge=2)
+    """A choice with more options than this is read wide: the prompt does not list them,
+    and the head matches label embeddings against the question (one pass however many)."""
 
     _backbone: Backbone = PrivateAttr()
     _layout: PromptLayout = PrivateAttr()
@@ -195,6 +221,7 @@ class LocalDecisionModel(BaseDecisionModel):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _waiting: list[_Job] = PrivateAttr(default_factory=list)
+    _labels: OrderedDict[str, torch.Tensor] = PrivateAttr(default_factory=OrderedDict)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -224,9 +251,15 @@ class LocalDecisionModel(BaseDecisionModel):
         return self._head
 
     def clear_prefix_cache(self) -> None:
-        """Drop every cached state prefix."""
+        """Drop every cached state prefix and label embedding."""
         with self._lock:
             self._prefix_cache.clear()
+            self._labels.clear()
+
+    def reading(self, question: ParsedQuestion) -> str:
+        """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""
+        wide = question.kind == "choice" and len(question.options) > self.wide_choice_options
+        return "wide" if wide else question.kind
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         parsed = parse_questions(questions)
@@ -253,7 +286,7 @@ class LocalDecisionModel(BaseDecisionModel):
         """Option logits for one question: the head's, or the backbone's log-probabilities."""
         if self._head is None:
             return features.lm_logprob.float()
-        return self._head(features.hidden, features.lm_logprob.float(), features.question.kind)
+        return self._head(features.hidden, features.lm_logprob.float(), features.reading, features.query)
 
     def encode(self, state: State, questions: Sequence[ParsedQuestion]) -> EncodedRequest:
         """Run the backbone once over ``state`` and every option of ``questions``.
@@ -347,7 +380,7 @@ class LocalDecisionModel(BaseDecisionModel):
             offsets.append(start + prefix)
         hidden = self._run(tokens, None, positions=positions, mask=self._additive(allowed))
         return [
-            self._features(hidden[offset : offset + len(tree.tokens)], item.job.branches, tree.spans)
+            self._features(hidden[offset : offset + len(tree.tokens)], item.job.branches, tree)
             for item, tree, offset in zip(group, trees, offsets, strict=True)
         ]
 
@@ -358,9 +391,11 @@ class LocalDecisionModel(BaseDecisionModel):
         return mask[None, None]
 
     def _branch(self, question: ParsedQuestion) -> _Branch:
+        reading = self.reading(question)
         return _Branch(
             question,
-            self._layout.question_tokens(question),
+            reading,
+            self._layout.question_tokens(question, listed=reading != "wide"),
             [self._layout.option_tokens(label) for label in question.options],
         )
 
@@ -408,16 +443,45 @@ class LocalDecisionModel(BaseDecisionModel):
             extra = kv.get_seq_length() - prefix_len
             if extra:
                 kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
-        return self._features(hidden, branches, tree.spans)
+        return self._features(hidden, branches, tree)
 
-    def _features(self, hidden: torch.Tensor, branches: list[_Branch], spans: list[list[tuple[int, int]]]) -> list[OptionFeatures]:
+    def _features(self, hidden: torch.Tensor, branches: list[_Branch], tree: _Tree) -> list[OptionFeatures]:
         """Per question: the closing-token hidden state and mean log-probability of each option."""
-        logprobs = self._target_logprobs(hidden, branches, spans)
+        logprobs = self._target_logprobs(hidden, branches, tree)
         features = []
-        for branch, option_spans, option_logprobs in zip(branches, spans, logprobs, strict=True):
-            closing = torch.tensor([end - 1 for _, end in option_spans], device=hidden.device)
-            features.append(OptionFeatures(branch.question, hidden[closing].float(), option_logprobs))
+        for branch, option_spans, end, option_logprobs in zip(branches, tree.spans, tree.ends, logprobs, strict=True):
+            if branch.wide:
+                options = self._label_vectors(branch.question).to(hidden.device)
+            else:
+                options = hidden[torch.tensor([stop - 1 for _, stop in option_spans], device=hidden.device)].float()
+            features.append(OptionFeatures(branch.question, branch.reading, options, option_logprobs, hidden[end].float()))
         return features
+
+    def _label_vectors(self, question: ParsedQuestion) -> torch.Tensor:
+        """``[n_options, hidden]``: each option's label and description read alone, mean-pooled.
+
+        They depend on the question's options only, so they are cached (and kept out of
+        autograd: LoRA training reaches a wide choice through its query alone).
+        """
+        texts = [label_text(label, text) for label, text in zip(question.options, question.descriptions, strict=True)]
+        missing = list(dict.fromkeys(text for text in texts if text not in self._labels))
+        device = self._backbone.device
+        with torch.no_grad():
+            for start in range(0, len(missing), _LABEL_BATCH):
+                chunk = missing[start : start + _LABEL_BATCH]
+                encoded = [self._layout.label_tokens(text)[: self._backbone.context_window] for text in chunk]
+                width = max(len(ids) for ids in encoded)
+                ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in encoded], device=device)
+                mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in encoded], device=device)
+                states = self._backbone.decoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+                pooled = (states * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+                for text, vector in zip(chunk, pooled, strict=True):
+                    self._labels[text] = vector.cpu().clone()
+        for text in texts:
+            self._labels.move_to_end(text)
+        while len(self._labels) > max(_LABEL_CACHE_SIZE, len(texts)):
+            self._labels.popitem(last=False)
+        return torch.stack([self._labels[text] for text in texts])
 
     def _tree(self, prefix_len: int, branches: list[_Branch]) -> _Tree:
         """Lay out branches after a prefix: each sees the prefix, its own question and itself."""
@@ -426,6 +490,7 @@ class LocalDecisionModel(BaseDecisionModel):
         segment_start: list[int] = []
         question_span: list[tuple[int, int]] = []
         spans: list[list[tuple[int, int]]] = []
+        ends: list[int] = []
         for branch in branches:
             q_start = len(tokens)
             q_len = len(branch.question_tokens)
@@ -433,8 +498,9 @@ class LocalDecisionModel(BaseDecisionModel):
             positions += range(prefix_len, prefix_len + q_len)
             segment_start += [q_start] * q_len
             question_span += [(q_start, q_start + q_len)] * q_len
+            ends.append(len(tokens) - 1)
             option_spans = []
-            for option in branch.option_tokens:
+            for option in [] if branch.wide else branch.option_tokens:
                 start = len(tokens)
                 tokens += option
                 positions += range(prefix_len + q_len, prefix_len + q_len + len(option))
@@ -450,7 +516,7 @@ class LocalDecisionModel(BaseDecisionModel):
         in_segment = cols >= torch.tensor(segment_start, device=device)[:, None]
         allowed = (in_question | in_segment) & (cols <= rows)
         allowed = torch.cat([torch.ones(len(tokens), prefix_len, dtype=torch.bool, device=device), allowed], dim=1)
-        return _Tree(tokens, positions, allowed, spans)
+        return _Tree(tokens, positions, allowed, spans, ends)
 
     def _run(self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder forward over ``tokens`` appended to ``kv``; returns ``[len, hidden]``."""
@@ -464,20 +530,26 @@ class LocalDecisionModel(BaseDecisionModel):
         )
         return output.last_hidden_state[0]
 
-    def _target_logprobs(
-        self, hidden: torch.Tensor, branches: list[_Branch], spans: list[list[tuple[int, int]]]
-    ) -> list[torch.Tensor]:
-        """Mean log-probability of each option's tokens, per branch, in chunks over the vocabulary."""
+    def _target_logprobs(self, hidden: torch.Tensor, branches: list[_Branch], tree: _Tree) -> list[torch.Tensor]:
+        """Mean log-probability of each option's tokens, per branch, in chunks over the vocabulary.
+
+        A wide choice's options are not in the tree: each gets its first token's log-probability.
+        """
         predictors: list[int] = []
         targets: list[int] = []
         owners: list[int] = []
         option_index = 0
-        for branch, option_spans in zip(branches, spans, strict=True):
-            question_last = option_spans[0][0] - 1  # the options follow their question
-            for option, (start, _) in zip(branch.option_tokens, option_spans, strict=True):
-                predictors += [question_last, *range(start, start + len(option) - 1)]
-                targets += option
-                owners += [option_index] * len(option)
+        for branch, option_spans, question_last in zip(branches, tree.spans, tree.ends, strict=True):
+            for index, option in enumerate(branch.option_tokens):
+                if branch.wide:
+                    predictors.append(question_last)
+                    targets.append(option[0])
+                    owners.append(option_index)
+                else:
+                    start = option_spans[index][0]
+                    predictors += [question_last, *range(start, start + len(option) - 1)]
+                    targets += option
+                    owners += [option_index] * len(option)
                 option_index += 1
         device = hidden.device
         predictor_t = torch.tensor(predictors, device=device)

@@ -71,14 +71,18 @@ class PromptLayout:
         """Tokens of one state segment; special tokens in it are split, never obeyed."""
         return self._encode(segment + "\n", split_special=True)
 
-    def question_tokens(self, question: ParsedQuestion) -> list[int]:
+    def question_tokens(self, question: ParsedQuestion, *, listed: bool = True) -> list[int]:
         """Tokens of one question branch up to where its answer starts."""
-        text = self._question_before + render_question(question) + self._question_after
+        text = self._question_before + render_question(question, listed=listed) + self._question_after
         return self._encode(text, split_special=False)
 
     def option_tokens(self, label: str) -> list[int]:
         """Tokens of one answer option, closed by the end-of-turn token."""
         return [*self._encode(label, split_special=True), self.terminator]
+
+    def label_tokens(self, text: str) -> list[int]:
+        """Tokens of a label read on its own (a wide choice's option); special tokens are split."""
+        return self._encode(text, split_special=True)
 
     def _encode(self, text: str, *, split_special: bool) -> list[int]:
         # Fast tokenizers flip a shared flag for split_special_tokens: one call at a time.
@@ -86,8 +90,12 @@ class PromptLayout:
             return _encode(self._tokenizer, text, split_special=split_special)
 
 
-def render_question(question: ParsedQuestion) -> str:
-    """The question text the model reads: instructions, then the allowed answers."""
+def render_question(question: ParsedQuestion, *, listed: bool = True) -> str:
+    """The question text the model reads: instructions, then the allowed answers.
+
+    A choice with ``listed=False`` (a wide one) names no option: its options are matched
+    against the reading of the question instead (see :mod:`clef_guard._head`).
+    """
     lines = [content_text(question.instructions)]
     if question.kind == "noul":
         no, yes = question.descriptions
@@ -96,6 +104,8 @@ def render_question(question: ParsedQuestion) -> str:
         if no is not None:
             lines.append(f"Answer no if: {content_text(no)}")
         lines.append("Answers: yes, no")
+    elif question.kind == "choice" and not listed:
+        lines.append(f"Answer with the one of {len(question.options)} labels that fits best.")
     elif question.kind == "choice":
         lines.append("Answers:")
         for label, description in sorted(zip(question.options, question.descriptions, strict=True)):
@@ -105,6 +115,11 @@ def render_question(question: ParsedQuestion) -> str:
         for level, description in zip(question.options, question.descriptions, strict=True):
             lines.append(f"{level}: {content_text(description)}")
     return "\n".join(lines)
+
+
+def label_text(label: str, description: object) -> str:
+    """What a wide choice's option reads as on its own: its label, then its description."""
+    return label if description is None else f"{label}: {content_text(description)}"
 
 
 def _encode(tokenizer: Any, text: str, *, split_special: bool) -> list[int]:

@@ -33,19 +33,25 @@ from clef_guard._datasets import Example
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
 from clef_guard._calibration import fit_temperature
-from clef_guard._head import HEAD_FILE, KINDS, DecisionHead
+from clef_guard._head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard._requests import parse_questions
 from clef_guard._state import to_json
 
 
 @dataclass
 class Features:
-    """What the backbone read for one labeled question."""
+    """What the backbone read for one labeled question (see ``OptionFeatures``)."""
 
-    kind: str
+    reading: str
     hidden: torch.Tensor
     lm_logprob: torch.Tensor
     label: int
+    query: torch.Tensor | None = None
+    """Stored for wide choices only, the one reading whose head uses it."""
+
+    def logits(self, head: DecisionHead) -> torch.Tensor:
+        """The option logits ``head`` gives these features."""
+        return head(self.hidden, self.lm_logprob, self.reading, self.query)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class TrainConfig:
 
     epochs: int = 40
     lr: float = 2e-2
+    match_lr: float = 5e-3
+    """Learning rate of the wide-choice bilinear match (it multiplies two learned maps)."""
     weight_decay: float = 1e-3
     label_smoothing: float = 0.05
     brier_weight: float = 1.0
@@ -72,25 +80,37 @@ def extract_features(
     path = (cache or cache_dir() / "features") / f"{_backbone_key(engine)}.pt"
     stored: dict[str, dict[str, Any]] = torch.load(path) if path.exists() else {}
     features, fresh = [], 0
+    floats: dict[str, torch.Tensor] = {}  # one float copy of each shared label matrix
     last_save = time.monotonic()
     for done, example in enumerate(examples, start=1):
         key = _example_key(example)
-        if key not in stored:
-            (parsed,) = parse_questions({"q": example.question})
+        (parsed,) = parse_questions({"q": example.question})
+        reading = engine.reading(parsed)
+        cached = stored.get(key)  # entries from before wide choices name their reading "kind"
+        if cached is None or cached.get("reading", cached.get("kind")) != reading:
             (encoded,) = engine.encode(example.state, [parsed]).features
+            # clone(): leave inference mode's tensors behind, so training can use them
+            hidden: torch.Tensor | str = encoded.hidden.to(torch.float16).cpu().clone()
+            if reading == "wide":  # label embeddings are the question's, not the example's: store them once
+                shared = "labels:" + hashlib.sha256(hidden.numpy().tobytes()).hexdigest()
+                stored.setdefault(shared, hidden)
+                hidden = shared
             stored[key] = {
-                "kind": parsed.kind,
-                # clone(): leave inference mode's tensors behind, so training can use them
-                "hidden": encoded.hidden.to(torch.float16).cpu().clone(),
+                "reading": reading,
+                "hidden": hidden,
                 "lm_logprob": encoded.lm_logprob.float().cpu().clone(),
                 "label": list(parsed.options).index(example.label),
+                "query": encoded.query.to(torch.float16).cpu().clone() if reading == "wide" else None,
             }
             fresh += 1
             if time.monotonic() - last_save > 30:
                 _save(stored, path)
                 last_save = time.monotonic()
         entry = stored[key]
-        features.append(Features(entry["kind"], entry["hidden"].float(), entry["lm_logprob"], entry["label"]))
+        query = entry["query"].float() if entry.get("query") is not None else None
+        hidden = entry["hidden"]
+        hidden = floats.setdefault(hidden, stored[hidden].float()) if isinstance(hidden, str) else hidden.float()
+        features.append(Features(reading, hidden, entry["lm_logprob"], entry["label"], query))
         if on_progress:
             on_progress(done, len(examples))
     if fresh:
@@ -116,7 +136,7 @@ def batch_loss(
     """Mean :func:`option_loss` over a ragged batch of cached features."""
     return torch.stack(
         [
-            option_loss(head(item.hidden, item.lm_logprob, item.kind), item.label,
+            option_loss(item.logits(head), item.label,
                         label_smoothing=label_smoothing, brier_weight=brier_weight)
             for item in batch
         ]
@@ -136,8 +156,15 @@ def train_head(
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     head = DecisionHead(hidden_size)
-    trainable = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    wide = [f for f in features if f.reading == "wide" and f.query is not None]
+    if wide:
+        label_sets = {id(f.hidden): f.hidden for f in wide}  # cached features share each question's set
+        head.fit_match_scaling(torch.stack([f.query for f in wide]), torch.cat(list(label_sets.values())))
+    match = [head.query_proj, head.label_proj]
+    linear = [p for p in head.parameters() if p.requires_grad and all(p is not m for m in match)]
+    optimizer = torch.optim.AdamW(
+        [{"params": linear}, {"params": match, "lr": config.match_lr}], lr=config.lr, weight_decay=config.weight_decay
+    )
     order = list(range(len(features)))
     history = []
     for epoch in range(config.epochs):
@@ -153,12 +180,14 @@ def train_head(
         history.append(total / len(order))
         if on_epoch:
             on_epoch(epoch + 1, history[-1])
-    with torch.no_grad():  # weight decay moved kinds the data never asked: give them the backbone back
-        for index, kind in enumerate(KINDS):
-            if not any(f.kind == kind for f in features):
+    with torch.no_grad():  # weight decay moved readings the data never asked: give them the backbone back
+        for index, reading in enumerate(READINGS):
+            if not any(f.reading == reading for f in features):
                 head.proj.weight[index].zero_()
                 head.proj.bias[index].zero_()
                 head.lm_weight[index] = 1.0
+                if reading == "wide":
+                    head.query_proj.zero_()
     return head.eval(), history
 
 
@@ -253,7 +282,7 @@ def train_adapter(
                 for index in batch:
                     with below.reused(index):
                         (features,) = engine.encode_for_training(examples[index].state, [parsed[index]])
-                    logits = head(features.hidden, features.lm_logprob, features.question.kind)
+                    logits = head(features.hidden, features.lm_logprob, features.reading, features.query)
                     value = option_loss(
                         logits, labels[index], label_smoothing=loss.label_smoothing, brier_weight=loss.brier_weight
                     )
@@ -322,20 +351,19 @@ class _FrozenLayers:
 
 
 def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str, float]:
-    """Fit the head's temperature per question kind on ``features`` (a dev split), in place.
+    """Fit the head's temperature per reading on ``features`` (a dev split), in place.
 
-    Kinds with too few examples keep temperature 1 (see :func:`fit_temperature`); returns
-    the temperature of every kind present.
+    Readings with too few examples keep temperature 1 (see :func:`fit_temperature`);
+    returns the temperature of every reading present.
     """
     temperatures = {}
     with torch.no_grad():
         head.log_temperature.zero_()
-        for index, kind in enumerate(KINDS):
-            mine = [f for f in features if f.kind == kind]
+        for index, reading in enumerate(READINGS):
+            mine = [f for f in features if f.reading == reading]
             if mine:
-                logits = [head(f.hidden, f.lm_logprob, kind) for f in mine]
-                temperatures[kind] = fit_temperature(logits, [f.label for f in mine])
-                head.log_temperature[index] = math.log(temperatures[kind])
+                temperatures[reading] = fit_temperature([f.logits(head) for f in mine], [f.label for f in mine])
+                head.log_temperature[index] = math.log(temperatures[reading])
     return temperatures
 
 
@@ -343,7 +371,7 @@ def predict(head: DecisionHead | None, features: Sequence[Features]) -> list[tor
     """Option probabilities per example (the backbone alone when ``head`` is ``None``)."""
     with torch.no_grad():
         return [
-            torch.softmax(head(f.hidden, f.lm_logprob, f.kind) if head is not None else f.lm_logprob, dim=-1)
+            torch.softmax(f.logits(head) if head is not None else f.lm_logprob, dim=-1)
             for f in features
         ]
 

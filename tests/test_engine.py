@@ -161,3 +161,35 @@ def test_a_bad_request_in_a_batch_fails_alone(uncached_engine: LocalDecisionMode
     results = uncached_engine.batch(requests, return_exceptions=True)
     assert [type(r).__name__ for r in results] == ["LocalClassifierResponse", "RequestError"] * 2
     assert isinstance(results[1], RequestError) and results[1].field == "state.when"
+
+
+WIDE = {f"topic_{i}": f"the customer asks about product line {i}" for i in range(40)}
+
+
+def test_a_wide_choice_is_not_listed_and_costs_about_one_question(engine: LocalDecisionModel) -> None:
+    question = {"c": Choice(instructions="Which product line is this about?", criteria=WIDE)}
+    listing = LocalDecisionModel(wide_choice_options=64, prefix_cache_size=0)
+    wide, listed = (e.invoke({"state": STATE, "questions": question}) for e in (engine, listing))
+    for response in (wide, listed):
+        answer = response.choices["c"]
+        assert list(answer.probabilities) == list(WIDE)
+        assert sum(answer.probabilities.values()) == pytest.approx(1.0, abs=1e-9)
+    assert wide.usage is not None and listed.usage is not None
+    assert 4 * wide.usage["input_tokens"] < listed.usage["input_tokens"]
+
+
+def test_wide_label_embeddings_are_computed_once(uncached_engine: LocalDecisionModel) -> None:
+    question = {"c": Choice(instructions="Which product line is this about?", criteria=WIDE)}
+    uncached_engine.clear_prefix_cache()
+    passes: list[int] = []
+    hook = uncached_engine.backbone.decoder.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        first = uncached_engine.invoke({"state": STATE, "questions": question}).choices["c"]
+        after_first = len(passes)
+        uncached_engine.invoke({"state": "Where is my parcel?", "questions": question})
+        again = uncached_engine.invoke({"state": STATE, "questions": question}).choices["c"]
+    finally:
+        hook.remove()
+    assert after_first == 3  # prefill, the question, the 40 labels in one batch
+    assert len(passes) - after_first == 4  # later calls: prefill and question only
+    assert max(abs(first.probabilities[k] - again.probabilities[k]) for k in WIDE) < 1e-6
