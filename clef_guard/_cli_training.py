@@ -61,12 +61,17 @@ def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionM
 
 
 def _examples(args: argparse.Namespace) -> list[Example]:
-    examples = [e for task in args.task for e in load_task(task, args.split, limit=args.limit, seed=args.seed)]
-    for file in args.data:
-        examples += _jsonl_examples(file)
+    parts = []
+    for spec in args.task:  # NAME, or NAME:K to ask its choices with K options (else --options)
+        task, _, options = spec.partition(":")
+        if options and not options.isdigit():
+            raise ClefGuardError(f"--task {spec!r}: write NAME or NAME:K with K a number of options")
+        parts.append((load_task(task, args.split, limit=args.limit, seed=args.seed), int(options or 0) or args.options))
+    parts += [(_jsonl_examples(file), args.options) for file in args.data]
+    examples = [e for rows, count in parts for e in (sample_options(rows, count, seed=args.seed) if count else rows)]
     if not examples:
         raise ClefGuardError("no examples: give --task NAME or --data FILE.jsonl")
-    return sample_options(examples, args.options, seed=args.seed) if args.options else examples
+    return examples
 
 
 def _jsonl_examples(path: Path) -> list[Example]:

@@ -103,7 +103,10 @@ def _add_training_commands(commands: Any) -> None:
         "and teaches the head label sets it has not seen",
     )
     train = commands.add_parser("train", parents=[engine, reading], help="train a decision head")
-    train.add_argument("--task", action="append", default=[], help="a task from the shared datasets (repeat)")
+    train.add_argument(
+        "--task", action="append", default=[],
+        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options",
+    )
     train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     train.add_argument("--split", default="train")
     train.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")

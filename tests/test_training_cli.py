@@ -67,3 +67,12 @@ def test_lora_on_top_of_an_adapter_is_refused(data: Path, tmp_path: Path, capsys
     argv = ["train", "--data", str(data), "--adapter", str(tmp_path), "--lora-layers", "1", "--out", str(tmp_path / "b")]
     assert main(argv) == 2
     assert "leave out --adapter" in " ".join(capsys.readouterr().err.split())  # rich wraps lines
+
+
+def test_a_task_can_name_its_own_option_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--task", "clinc150:8", "--task", "clinc150", "--limit", "2", "--epochs", "2",
+            "--features", str(tmp_path / "features"), "--out", str(tmp_path / "head"), "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 4  # the same two rows, listed with 8 options and read wide
+    assert main(["train", "--task", "clinc150:many", "--out", str(tmp_path / "bad")]) != 0
+    assert "NAME:K" in capsys.readouterr().err
