@@ -11,6 +11,9 @@
   without the prefix cache over with it.
 - permutation_max_delta: largest change of any option's probability when the options
   of a 10-way choice are shuffled, over 20 states.
+- listed_over_wide_77: a 77-way choice (BANKING77's labels) on a short state, listed
+  (every label in the prompt and a branch each) over read wide (the default beyond 16
+  options: no listing, cached label embeddings).
 - gate_p50/p95_ms: latency per gate with 1 and 4 questions on a 512-token state, on
   whatever device the engine picked (run it on a GPU for the GPU figures).
 """
@@ -38,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
+from clef_guard._datasets import load_task
 from clef_guard._state import state_segments
 
 QUESTIONS: dict[str, Any] = {
@@ -202,6 +206,12 @@ def run(repeats: int) -> dict[str, Any]:
         )
         worst = max(worst, *(abs(a.choices["c"].probabilities[k] - b.choices["c"].probabilities[k]) for k in labels))
     results["permutation_max_delta"] = worst
+
+    banking = load_task("banking77", "test", limit=1)[0]
+    listing = LocalDecisionModel(prefix_cache_size=0, wide_choice_options=255)
+    wide_times = timed(ask(uncached, banking.state, {"c": banking.question}), repeats)  # timed() warms up once
+    listed_times = timed(ask(listing, banking.state, {"c": banking.question}), repeats)
+    results["listed_over_wide_77"] = statistics.median(listed_times) / statistics.median(wide_times)
 
     state512 = state_of_tokens(engine, 512)
     for n in (1, 4):

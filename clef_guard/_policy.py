@@ -306,6 +306,8 @@ def _dry_run(program: Any, expression: str, path: list[Any], where: _Locator, sp
         return  # a missing tool argument or context key: a runtime matter, guarded by has()
     except (TypeError, ValueError, RuntimeError) as exc:
         raise where.error(f"CEL type error: {str(exc).splitlines()[0]}", path, hint="convert with double(x) or int(x)") from None
+    except ArithmeticError as exc:  # such a rule would fail closed on every call
+        raise where.error(f"CEL arithmetic error: {exc}", path, hint="guard the divisor: 'x != 0 && y / x > 1'") from None
     if not isinstance(result, bool):
         raise where.error(
             f"must be true or false, but gives a {type(result).__name__}", path, hint="compare it: 'answers.x >= 0.5'"

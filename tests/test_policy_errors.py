@@ -139,3 +139,9 @@ def test_arbitrary_rule_conditions_only_raise_policy_error(condition: str) -> No
         parse_policy(GOOD.replace("answers.destructive >= thresholds.destructive", condition.replace("\n", " ")))
     except PolicyError:
         pass
+
+
+def test_a_rule_that_divides_by_zero_is_refused_with_its_line() -> None:
+    with pytest.raises(PolicyError, match="arithmetic error") as caught:
+        parse_policy(GOOD.replace("answers.destructive >= thresholds.destructive", "1 / 0 > 0"))
+    assert caught.value.line is not None
