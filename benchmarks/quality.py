@@ -34,7 +34,7 @@ from rich.table import Table
 
 from clef_guard import LocalDecisionModel
 from clef_guard._datasets import Example, load_task, sample_options
-from clef_guard._engine import DEFAULT_HEAD
+from clef_guard._engine import DEFAULT_HEAD, WIDE_CHOICE_OPTIONS
 from clef_guard._evaluation import score
 from clef_guard._head import DecisionHead
 from clef_guard._training import Features, TrainConfig, calibrate_head, extract_features, predict, train_head
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit)
-    engine = LocalDecisionModel(default_head=False)
+    engine = LocalDecisionModel(default_head=False, wide_choice_options=WIDE_CHOICE_OPTIONS)  # as `train` reads
     cache: dict[Part, tuple[list[Example], list[Features]]] = {}
 
     def read(part: Part) -> tuple[list[Example], list[Features]]:

@@ -12,8 +12,8 @@ How one request is answered (see :mod:`clef_guard._prompt` for the layout):
    state of its closing token; the decision head (or the backbone alone) turns these
    into logits, and a softmax per question into probabilities.
 
-A *wide* choice (more options than ``wide_choice_options``) lists no option and has no
-option branches: its options are embeddings of their labels, computed once and cached,
+A *wide* choice (more options than ``wide_choice_options``; by default only with a head
+trained to read them) lists no option and has no option branches: its options are embeddings of their labels, computed once and cached,
 matched by the head against the hidden state where the question's answer starts. So a
 255-way choice costs about what a yes/no question does.
 """
@@ -38,12 +38,14 @@ from clef_guard._errors import EngineError, ModelLoadError, RequestError
 from clef_guard._head import HEAD_FILE, DecisionHead
 from clef_guard._prefix_cache import PrefixCache
 from clef_guard._prompt import PromptLayout, label_text
-from clef_guard._requests import ParsedQuestion, parse_questions
+from clef_guard._requests import MAX_OPTIONS, ParsedQuestion, parse_questions
 from clef_guard._state import state_segments
 
 _OMITTED = "[... earlier turns omitted ...]\n"
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
+WIDE_CHOICE_OPTIONS = 16
+"""Beyond this many options a choice is read wide, when wide reading is on."""
 _LOGIT_CHUNK = 256
 _LABEL_CACHE_SIZE = 4096
 _LABEL_BATCH = 64
@@ -210,9 +212,11 @@ class LocalDecisionModel(BaseDecisionModel):
     max_tree_tokens: int = Field(default=4096, ge=64)
     """Most question and option tokens scored in one forward pass (more take several), and
     most tokens of concurrent requests packed into one pass."""
-    wide_choice_options: int = Field(default=16, ge=2)
+    wide_choice_options: int | None = Field(default=None, ge=2)
     """A choice with more options than this is read wide: the prompt does not list them,
-    and the head matches label embeddings against the question (one pass however many)."""
+    and the head matches label embeddings against the question (one pass however many).
+    ``None``: :data:`WIDE_CHOICE_OPTIONS` when the head has a trained wide reading, else
+    every choice is listed (an untrained wide reading is at chance; listing is not)."""
 
     _backbone: Backbone = PrivateAttr()
     _layout: PromptLayout = PrivateAttr()
@@ -222,6 +226,7 @@ class LocalDecisionModel(BaseDecisionModel):
     _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _waiting: list[_Job] = PrivateAttr(default_factory=list)
     _labels: OrderedDict[str, torch.Tensor] = PrivateAttr(default_factory=OrderedDict)
+    _wide_after: int = PrivateAttr(default=MAX_OPTIONS)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -235,6 +240,10 @@ class LocalDecisionModel(BaseDecisionModel):
         elif self.head:
             raise ModelLoadError(f"decision head {self.head!r} does not exist")
         self._prefix_cache = PrefixCache(self.prefix_cache_size)
+        if self.wide_choice_options is not None:
+            self._wide_after = self.wide_choice_options
+        elif self._head is not None and self._head.reads_wide:
+            self._wide_after = WIDE_CHOICE_OPTIONS
 
     @property
     def _provider(self) -> str:
@@ -258,7 +267,7 @@ class LocalDecisionModel(BaseDecisionModel):
 
     def reading(self, question: ParsedQuestion) -> str:
         """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""
-        wide = question.kind == "choice" and len(question.options) > self.wide_choice_options
+        wide = question.kind == "choice" and len(question.options) > self._wide_after
         return "wide" if wide else question.kind
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:

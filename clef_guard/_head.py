@@ -77,6 +77,11 @@ class DecisionHead(nn.Module):
         raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.lm_weight[k] * lm_logprob + match
         return raw / self.log_temperature[k].exp()
 
+    @property
+    def reads_wide(self) -> bool:
+        """Whether the wide reading was trained (an untrained one is the backbone alone)."""
+        return bool(self.query_proj.detach().any())
+
     def fit_match_scaling(self, queries: torch.Tensor, labels: torch.Tensor) -> None:
         """Set the wide match's standardisation from training ``queries`` and label embeddings."""
         for side, rows in (("query", queries), ("label", labels)):

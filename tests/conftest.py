@@ -23,3 +23,9 @@ def engine() -> LocalDecisionModel:
 def uncached_engine() -> LocalDecisionModel:
     """The same backbone with the prefix cache off, to compare against."""
     return LocalDecisionModel(prefix_cache_size=0)
+
+
+@pytest.fixture(scope="session")
+def wide_engine() -> LocalDecisionModel:
+    """The backbone alone reading choices of more than 16 options wide, as training does; no prefix cache."""
+    return LocalDecisionModel(default_head=False, wide_choice_options=16, prefix_cache_size=0)

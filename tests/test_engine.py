@@ -166,10 +166,12 @@ def test_a_bad_request_in_a_batch_fails_alone(uncached_engine: LocalDecisionMode
 WIDE = {f"topic_{i}": f"the customer asks about product line {i}" for i in range(40)}
 
 
-def test_a_wide_choice_is_not_listed_and_costs_about_one_question(engine: LocalDecisionModel) -> None:
+def test_a_wide_choice_is_not_listed_and_costs_about_one_question(
+    engine: LocalDecisionModel, wide_engine: LocalDecisionModel
+) -> None:
     question = {"c": Choice(instructions="Which product line is this about?", criteria=WIDE)}
-    listing = LocalDecisionModel(wide_choice_options=64, prefix_cache_size=0)
-    wide, listed = (e.invoke({"state": STATE, "questions": question}) for e in (engine, listing))
+    assert engine.decision_head is not None and not engine.decision_head.reads_wide  # so it lists them all
+    wide, listed = (e.invoke({"state": STATE, "questions": question}) for e in (wide_engine, engine))
     for response in (wide, listed):
         answer = response.choices["c"]
         assert list(answer.probabilities) == list(WIDE)
@@ -178,16 +180,16 @@ def test_a_wide_choice_is_not_listed_and_costs_about_one_question(engine: LocalD
     assert 4 * wide.usage["input_tokens"] < listed.usage["input_tokens"]
 
 
-def test_wide_label_embeddings_are_computed_once(uncached_engine: LocalDecisionModel) -> None:
+def test_wide_label_embeddings_are_computed_once(wide_engine: LocalDecisionModel) -> None:
     question = {"c": Choice(instructions="Which product line is this about?", criteria=WIDE)}
-    uncached_engine.clear_prefix_cache()
+    wide_engine.clear_prefix_cache()
     passes: list[int] = []
-    hook = uncached_engine.backbone.decoder.register_forward_hook(lambda *_: passes.append(1))
+    hook = wide_engine.backbone.decoder.register_forward_hook(lambda *_: passes.append(1))
     try:
-        first = uncached_engine.invoke({"state": STATE, "questions": question}).choices["c"]
+        first = wide_engine.invoke({"state": STATE, "questions": question}).choices["c"]
         after_first = len(passes)
-        uncached_engine.invoke({"state": "Where is my parcel?", "questions": question})
-        again = uncached_engine.invoke({"state": STATE, "questions": question}).choices["c"]
+        wide_engine.invoke({"state": "Where is my parcel?", "questions": question})
+        again = wide_engine.invoke({"state": STATE, "questions": question}).choices["c"]
     finally:
         hook.remove()
     assert after_first == 3  # prefill, the question, the 40 labels in one batch
