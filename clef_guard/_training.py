@@ -109,7 +109,12 @@ def extract_features(
         entry = stored[key]
         query = entry["query"].float() if entry.get("query") is not None else None
         hidden = entry["hidden"]
-        hidden = floats.setdefault(hidden, stored[hidden].float()) if isinstance(hidden, str) else hidden.float()
+        if isinstance(hidden, str):  # a shared label matrix: convert it once
+            if hidden not in floats:
+                floats[hidden] = stored[hidden].float()
+            hidden = floats[hidden]
+        else:
+            hidden = hidden.float()
         features.append(Features(reading, hidden, entry["lm_logprob"], entry["label"], query))
         if on_progress:
             on_progress(done, len(examples))
