@@ -26,7 +26,7 @@ from clef_guard._calibration import (
     reliability_diagram,
 )
 from clef_guard._datasets import Example, load_task, sample_options
-from clef_guard._engine import WIDE_CHOICE_OPTIONS, LocalDecisionModel
+from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
 from clef_guard._evaluation import SparrowDecisionModel, evaluate
 from clef_guard._head import HEAD_FILE, DecisionHead
@@ -55,11 +55,9 @@ def _progress(console: Console, quiet: bool) -> Iterator[Progress]:
         yield progress
 
 
-def _engine(args: argparse.Namespace, head: str | None = None, *, wide: bool = False) -> LocalDecisionModel:
-    """The engine for a command; ``wide`` reads many-way choices wide whatever the head (training)."""
+def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionModel:
+    """The engine for a command: ``--model`` and ``--adapter``, with ``head`` (none: the backbone alone)."""
     options = {"model": args.model, "adapter": args.adapter, "head": head}
-    if wide:
-        options["wide_choice_options"] = WIDE_CHOICE_OPTIONS
     return LocalDecisionModel(**{k: v for k, v in options.items() if v})
 
 
@@ -110,7 +108,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     if args.lora_layers and args.adapter:
         raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
     started = time.perf_counter()
-    engine = _engine(args, wide=True)  # many-way choices are learned wide
+    engine = _engine(args)
     examples = _examples(args)
     features = _features(args, engine, examples, console, "reading examples with the backbone")
     feature_s = time.perf_counter() - started
@@ -172,7 +170,7 @@ def _train_lora(
 
 
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
-    engine = _engine(args, str(args.head))  # read the questions as this head will be served
+    engine = _engine(args, str(args.head))
     head = DecisionHead.load(args.head, engine.backbone.hidden_size)
     with torch.no_grad():
         head.log_temperature.zero_()  # "before" is the uncalibrated head

@@ -12,10 +12,14 @@ How one request is answered (see :mod:`clef_guard._prompt` for the layout):
    state of its closing token; the decision head (or the backbone alone) turns these
    into logits, and a softmax per question into probabilities.
 
-A *wide* choice (more options than ``wide_choice_options``; by default only with a head
-trained to read them) lists no option and has no option branches: its options are embeddings of their labels, computed once and cached,
-matched by the head against the hidden state where the question's answer starts. So a
-255-way choice costs about what a yes/no question does.
+A *wide* choice (more options than ``wide_choice_options``) lists no option and has no
+option branches. Its prompt asks for the answer in one word, and the penultimate layer's
+hidden state where that word would start is the *query*. Each option is embedded the same
+way, as the query of a request whose state is the option's label (and description), once
+per question, cached. The backbone's own score for an option is the cosine between the
+query and the option, both centred on the mean of the question's options; a head can add
+a trained match. So a 255-way choice costs about what a yes/no question does, and labels
+no head was trained on are still matched (see :data:`WIDE_MATCH_SCALE`).
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ from clef_guard._errors import EngineError, ModelLoadError, RequestError
 from clef_guard._head import HEAD_FILE, DecisionHead
 from clef_guard._prefix_cache import PrefixCache
 from clef_guard._prompt import PromptLayout, label_text
-from clef_guard._requests import MAX_OPTIONS, ParsedQuestion, parse_questions
+from clef_guard._requests import ParsedQuestion, parse_questions
 from clef_guard._state import state_segments
 
 _OMITTED = "[... earlier turns omitted ...]\n"
 DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
 WIDE_CHOICE_OPTIONS = 16
-"""Beyond this many options a choice is read wide, when wide reading is on."""
+"""Beyond this many options a choice is read wide (unless ``wide_choice_options`` says otherwise)."""
+WIDE_MATCH_SCALE = 12.5
+"""Logit per unit of centred cosine between a wide choice's query and an option: the
+inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone alone."""
 _LOGIT_CHUNK = 256
 _LABEL_CACHE_SIZE = 4096
 _LABEL_BATCH = 64
@@ -98,11 +105,13 @@ class OptionFeatures:
     """``[n_options, hidden_size]``: hidden state of each option's closing token (a wide
     choice: each option's label embedding)."""
     lm_logprob: torch.Tensor
-    """``[n_options]``: mean log-probability of each option's tokens (a wide choice: of
-    its first token)."""
+    """``[n_options]``: the backbone's own score of each option: the mean log-probability
+    of its tokens (a wide choice: ``WIDE_MATCH_SCALE`` times the centred cosine between
+    the query and the option)."""
     query: torch.Tensor
     """``[hidden_size]``: hidden state of the question's last token, where the answer starts
-    (it has read the state and the question, but no option)."""
+    (it has read the state and the question, but no option); from the penultimate layer
+    for a wide choice."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,29 @@ class EncodedRequest:
     input_tokens: int
     cached_tokens: int
     truncated_tokens: int
+
+
+@dataclass(frozen=True)
+class _Hidden:
+    """Hidden states of one forward pass: ``[len, hidden]`` each."""
+
+    last: torch.Tensor
+    wide: torch.Tensor | None
+    """The penultimate layer's, where a wide choice reads its query; ``None`` unless asked for."""
+
+    def rows(self, start: int, length: int) -> _Hidden:
+        stop = start + length
+        return _Hidden(self.last[start:stop], None if self.wide is None else self.wide[start:stop])
+
+
+def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+    """``[n]``: cosine of ``query`` with each row of ``options``, all centred on the options' mean.
+
+    Centring removes what every option shares (the question, the prompt), which otherwise
+    dominates the cosine; it needs no statistics beyond the question's own options.
+    """
+    center = options.mean(0)
+    return torch.nn.functional.cosine_similarity(options - center, (query - center)[None], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -212,11 +244,10 @@ class LocalDecisionModel(BaseDecisionModel):
     max_tree_tokens: int = Field(default=4096, ge=64)
     """Most question and option tokens scored in one forward pass (more take several), and
     most tokens of concurrent requests packed into one pass."""
-    wide_choice_options: int | None = Field(default=None, ge=2)
+    wide_choice_options: int = Field(default=WIDE_CHOICE_OPTIONS, ge=2)
     """A choice with more options than this is read wide: the prompt does not list them,
-    and the head matches label embeddings against the question (one pass however many).
-    ``None``: :data:`WIDE_CHOICE_OPTIONS` when the head has a trained wide reading, else
-    every choice is listed (an untrained wide reading is at chance; listing is not)."""
+    and each option's embedding is matched against the question (one pass however many).
+    Set it to 255 to list every choice."""
 
     _backbone: Backbone = PrivateAttr()
     _layout: PromptLayout = PrivateAttr()
@@ -225,8 +256,7 @@ class LocalDecisionModel(BaseDecisionModel):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _waiting: list[_Job] = PrivateAttr(default_factory=list)
-    _labels: OrderedDict[str, torch.Tensor] = PrivateAttr(default_factory=OrderedDict)
-    _wide_after: int = PrivateAttr(default=MAX_OPTIONS)
+    _labels: OrderedDict[tuple[tuple[int, ...], str], torch.Tensor] = PrivateAttr(default_factory=OrderedDict)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -240,10 +270,6 @@ class LocalDecisionModel(BaseDecisionModel):
         elif self.head:
             raise ModelLoadError(f"decision head {self.head!r} does not exist")
         self._prefix_cache = PrefixCache(self.prefix_cache_size)
-        if self.wide_choice_options is not None:
-            self._wide_after = self.wide_choice_options
-        elif self._head is not None and self._head.reads_wide:
-            self._wide_after = WIDE_CHOICE_OPTIONS
 
     @property
     def _provider(self) -> str:
@@ -267,7 +293,7 @@ class LocalDecisionModel(BaseDecisionModel):
 
     def reading(self, question: ParsedQuestion) -> str:
         """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""
-        wide = question.kind == "choice" and len(question.options) > self._wide_after
+        wide = question.kind == "choice" and len(question.options) > self.wide_choice_options
         return "wide" if wide else question.kind
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
@@ -372,6 +398,14 @@ class LocalDecisionModel(BaseDecisionModel):
 
     def _forward_packed(self, group: list[_Prepared]) -> list[list[OptionFeatures]]:
         """One forward pass over requests laid out as blocks (prefix, then tree), without a cache."""
+        trees, offsets, hidden = self._packed_pass(group)
+        return [
+            self._features(hidden.rows(offset, len(tree.tokens)), item.job.branches, tree)
+            for item, tree, offset in zip(group, trees, offsets, strict=True)
+        ]
+
+    def _packed_pass(self, group: list[_Prepared]) -> tuple[list[_Tree], list[int], _Hidden]:
+        """Requests as blocks of one sequence: their trees, where each tree starts, the states."""
         device = self._backbone.device
         trees = [self._tree(len(item.prefix), item.job.branches) for item in group]
         total = sum(item.length for item in group)
@@ -387,11 +421,9 @@ class LocalDecisionModel(BaseDecisionModel):
             tokens += [*item.prefix, *tree.tokens]
             positions += [*range(prefix), *tree.positions]
             offsets.append(start + prefix)
-        hidden = self._run(tokens, None, positions=positions, mask=self._additive(allowed))
-        return [
-            self._features(hidden[offset : offset + len(tree.tokens)], item.job.branches, tree)
-            for item, tree, offset in zip(group, trees, offsets, strict=True)
-        ]
+        wide = any(branch.wide for item in group for branch in item.job.branches)
+        hidden = self._run(tokens, None, positions=positions, mask=self._additive(allowed), wide=wide)
+        return trees, offsets, hidden
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean ``[rows, cols]`` attention pattern as the ``[1, 1, rows, cols]`` additive mask."""
@@ -439,7 +471,7 @@ class LocalDecisionModel(BaseDecisionModel):
             kv = DynamicCache(config=self._backbone.lm.config)
         else:
             kv = copy.deepcopy(cached_kv)
-        self._run(prefix[hit:], kv, positions=range(hit, len(prefix)))
+        self._run(prefix[hit:], kv, positions=range(hit, len(prefix)), wide=False)
         self._prefix_cache.put(prefix, kv)
         return kv, hit
 
@@ -447,50 +479,56 @@ class LocalDecisionModel(BaseDecisionModel):
         """One forward pass over a tree of branches on top of the prefix's KV cache."""
         tree = self._tree(prefix_len, branches)
         try:
-            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=self._additive(tree.allowed))
+            wide = any(branch.wide for branch in branches)
+            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=self._additive(tree.allowed), wide=wide)
         finally:
             extra = kv.get_seq_length() - prefix_len
             if extra:
                 kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
         return self._features(hidden, branches, tree)
 
-    def _features(self, hidden: torch.Tensor, branches: list[_Branch], tree: _Tree) -> list[OptionFeatures]:
+    def _features(self, hidden: _Hidden, branches: list[_Branch], tree: _Tree) -> list[OptionFeatures]:
         """Per question: the closing-token hidden state and mean log-probability of each option."""
-        logprobs = self._target_logprobs(hidden, branches, tree)
+        logprobs = self._target_logprobs(hidden.last, branches, tree)
         features = []
-        for branch, option_spans, end, option_logprobs in zip(branches, tree.spans, tree.ends, logprobs, strict=True):
+        for branch, option_spans, end, scores in zip(branches, tree.spans, tree.ends, logprobs, strict=True):
             if branch.wide:
-                options = self._label_vectors(branch.question).to(hidden.device)
+                assert hidden.wide is not None  # _run computes it whenever a branch is wide
+                query = hidden.wide[end].float()
+                options = self._option_vectors(branch).to(query.device)
+                scores = WIDE_MATCH_SCALE * centred_cosine(query, options)
             else:
-                options = hidden[torch.tensor([stop - 1 for _, stop in option_spans], device=hidden.device)].float()
-            features.append(OptionFeatures(branch.question, branch.reading, options, option_logprobs, hidden[end].float()))
+                query = hidden.last[end].float()
+                options = hidden.last[torch.tensor([stop - 1 for _, stop in option_spans], device=query.device)].float()
+            features.append(OptionFeatures(branch.question, branch.reading, options, scores, query))
         return features
 
-    def _label_vectors(self, question: ParsedQuestion) -> torch.Tensor:
-        """``[n_options, hidden]``: each option's label and description read alone, mean-pooled.
+    def _option_vectors(self, branch: _Branch) -> torch.Tensor:
+        """``[n_options, hidden]``: each option of a wide choice read as a request's state.
 
-        They depend on the question's options only, so they are cached (and kept out of
-        autograd: LoRA training reaches a wide choice through its query alone).
+        The request is the option's label and description, asked the same question, and
+        its vector is that request's query. So the query and the options come from one
+        encoder and can be compared before any training. They depend on the question
+        alone, so they are cached (and kept out of autograd: LoRA training reaches a wide
+        choice through its query alone).
         """
-        texts = [label_text(label, text) for label, text in zip(question.options, question.descriptions, strict=True)]
-        missing = list(dict.fromkeys(text for text in texts if text not in self._labels))
-        device = self._backbone.device
+        question = branch.question
+        keys = [(tuple(branch.question_tokens), label_text(label, text)) for label, text in zip(question.options, question.descriptions, strict=True)]
+        missing = [key for key in dict.fromkeys(keys) if key not in self._labels]
+        pseudo = [self._prepare(_Job(text, [branch])) for _, text in missing]
         with torch.no_grad():
-            for start in range(0, len(missing), _LABEL_BATCH):
-                chunk = missing[start : start + _LABEL_BATCH]
-                encoded = [self._layout.label_tokens(text)[: self._backbone.context_window] for text in chunk]
-                width = max(len(ids) for ids in encoded)
-                ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in encoded], device=device)
-                mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in encoded], device=device)
-                states = self._backbone.decoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-                pooled = (states * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-                for text, vector in zip(chunk, pooled, strict=True):
-                    self._labels[text] = vector.cpu().clone()
-        for text in texts:
-            self._labels.move_to_end(text)
-        while len(self._labels) > max(_LABEL_CACHE_SIZE, len(texts)):
+            done = 0
+            for group in _groups(pseudo, lambda item: item.length, self.max_tree_tokens):
+                trees, offsets, hidden = self._packed_pass(group)
+                assert hidden.wide is not None
+                for tree, offset in zip(trees, offsets, strict=True):
+                    self._labels[missing[done]] = hidden.wide[offset + tree.ends[0]].float().cpu().clone()
+                    done += 1
+        for key in keys:
+            self._labels.move_to_end(key)
+        while len(self._labels) > max(_LABEL_CACHE_SIZE, len(keys)):
             self._labels.popitem(last=False)
-        return torch.stack([self._labels[text] for text in texts])
+        return torch.stack([self._labels[key] for key in keys])
 
     def _tree(self, prefix_len: int, branches: list[_Branch]) -> _Tree:
         """Lay out branches after a prefix: each sees the prefix, its own question and itself."""
@@ -527,53 +565,51 @@ class LocalDecisionModel(BaseDecisionModel):
         allowed = torch.cat([torch.ones(len(tokens), prefix_len, dtype=torch.bool, device=device), allowed], dim=1)
         return _Tree(tokens, positions, allowed, spans, ends)
 
-    def _run(self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Decoder forward over ``tokens`` appended to ``kv``; returns ``[len, hidden]``."""
+    def _run(
+        self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], wide: bool, mask: torch.Tensor | None = None
+    ) -> _Hidden:
+        """Decoder forward over ``tokens`` appended to ``kv``: the last layer's states, and
+        the penultimate layer's when ``wide`` (a wide choice reads its query there)."""
         device = self._backbone.device
         output = self._backbone.decoder(
             input_ids=torch.tensor([list(tokens)], device=device),
             position_ids=torch.tensor([list(positions)], device=device),
             attention_mask=mask,
             use_cache=kv is not None,
+            output_hidden_states=wide,
             **({self._backbone.cache_kw: kv} if kv is not None else {}),
         )
-        return output.last_hidden_state[0]
+        return _Hidden(output.last_hidden_state[0], output.hidden_states[-2][0] if wide else None)
 
     def _target_logprobs(self, hidden: torch.Tensor, branches: list[_Branch], tree: _Tree) -> list[torch.Tensor]:
         """Mean log-probability of each option's tokens, per branch, in chunks over the vocabulary.
 
-        A wide choice's options are not in the tree: each gets its first token's log-probability.
+        A wide choice's options are not in the tree: its entry is empty.
         """
         predictors: list[int] = []
         targets: list[int] = []
         owners: list[int] = []
         option_index = 0
         for branch, option_spans, question_last in zip(branches, tree.spans, tree.ends, strict=True):
-            for index, option in enumerate(branch.option_tokens):
-                if branch.wide:
-                    predictors.append(question_last)
-                    targets.append(option[0])
-                    owners.append(option_index)
-                else:
-                    start = option_spans[index][0]
-                    predictors += [question_last, *range(start, start + len(option) - 1)]
-                    targets += option
-                    owners += [option_index] * len(option)
+            for option, (start, _) in zip(branch.option_tokens, option_spans):  # no spans: a wide branch
+                predictors += [question_last, *range(start, start + len(option) - 1)]
+                targets += option
+                owners += [option_index] * len(option)
                 option_index += 1
         device = hidden.device
-        predictor_t = torch.tensor(predictors, device=device)
-        target_t = torch.tensor(targets, device=device)
+        predictor_t = torch.tensor(predictors, dtype=torch.long, device=device)
+        target_t = torch.tensor(targets, dtype=torch.long, device=device)
         token_logprobs = torch.empty(len(predictors), dtype=torch.float32, device=device)
         for start in range(0, len(predictors), _LOGIT_CHUNK):
             chunk = slice(start, start + _LOGIT_CHUNK)
             logits = self._backbone.lm_head(hidden[predictor_t[chunk]]).float()
             token_logprobs[chunk] = logits.log_softmax(-1).gather(-1, target_t[chunk, None]).squeeze(-1)
-        owner_t = torch.tensor(owners, device=device)
+        owner_t = torch.tensor(owners, dtype=torch.long, device=device)
         sums = torch.zeros(option_index, dtype=torch.float32, device=device).index_add_(0, owner_t, token_logprobs)
         counts = torch.bincount(owner_t, minlength=option_index).float()
         means = sums / counts
         result, offset = [], 0
-        for branch in branches:
-            result.append(means[offset : offset + len(branch.option_tokens)])
-            offset += len(branch.option_tokens)
+        for spans in tree.spans:
+            result.append(means[offset : offset + len(spans)])
+            offset += len(spans)
         return result

@@ -10,14 +10,13 @@ For a listed option the engine extracts the hidden state of the token that close
 log-probability of the option's tokens. The head scores it as
 ``w[r] . h + b[r] + lm_weight[r] * lm_logprob`` for reading ``r``.
 
-A wide choice is read like a bi-encoder: ``query`` is the hidden state where the answer
-would start (it has read the state and the question, no option), each option ``h`` is
-an embedding of its label and description alone, and ``lm_logprob`` is the backbone's
-log-probability of the option's first token. Both vectors are standardised per
-dimension with statistics of the training data (a few dimensions of a last hidden layer
-are huge on every token), and the head adds a low-rank bilinear match ``(U q) . (V e)``
-to the linear terms. A many-way choice then costs one question
-plus cached label embeddings, and labels never seen in training can still be matched.
+A wide choice is read like a bi-encoder: ``query`` is the hidden state where the one-word
+answer would start (it has read the state and the question, no option), each option
+``h`` is the query of the same question asked about the option's label alone, and
+``lm_logprob`` is the backbone's own match, a scaled centred cosine of the two (see
+``clef_guard._engine``). Both vectors are standardised per dimension with statistics of
+the training data, and the head adds a low-rank bilinear match ``(U q) . (V e)`` to the
+linear terms. A many-way choice then costs one question plus cached option vectors.
 
 Every reading has its own weights and a temperature, so learning choices does not cost
 yes/no accuracy, and a reading the head was never trained on reads the backbone alone
@@ -29,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -38,7 +38,9 @@ READINGS: tuple[str, ...] = ("noul", "choice", "score", "wide")
 HEAD_FILE = "decision_head.safetensors"
 MATCH_RANK = 128
 """Rank of the wide-choice bilinear match."""
-_FORMAT = "clef-guard-head/3"
+_FORMAT = "clef-guard-head/4"
+"""Version 4 changed the wide features: older heads' wide reading is dropped on load."""
+_MATCH = ("query_proj", "label_proj", "query_center", "query_scale", "label_center", "label_scale")
 
 
 class DecisionHead(nn.Module):
@@ -77,11 +79,6 @@ class DecisionHead(nn.Module):
         raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.lm_weight[k] * lm_logprob + match
         return raw / self.log_temperature[k].exp()
 
-    @property
-    def reads_wide(self) -> bool:
-        """Whether the wide reading was trained (an untrained one is the backbone alone)."""
-        return bool(self.query_proj.detach().any())
-
     def fit_match_scaling(self, queries: torch.Tensor, labels: torch.Tensor) -> None:
         """Set the wide match's standardisation from training ``queries`` and label embeddings."""
         for side, rows in (("query", queries), ("label", labels)):
@@ -99,6 +96,8 @@ class DecisionHead(nn.Module):
         """Read a head written by :meth:`save` (or an older format); its width must match the backbone's."""
         try:
             tensors = load_file(str(path))
+            with safe_open(str(path), "pt") as handle:
+                file_format = (handle.metadata() or {}).get("format")
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot read decision head {str(path)!r}: {exc}") from exc
         width = tensors.get("proj.weight", torch.empty(0, 0)).shape[-1]
@@ -115,7 +114,13 @@ class DecisionHead(nn.Module):
                 stored = stored.expand(len(READINGS) - 1, *stored.shape[1:])
             # older formats lack trailing readings: those keep the backbone's reading
             tensors[name] = torch.cat([stored, fresh[name][stored.shape[0] :]])
-        for name in ("query_proj", "label_proj", "query_center", "query_scale", "label_center", "label_scale"):
-            tensors.setdefault(name, fresh[name])
+        current = file_format == _FORMAT
+        for name in _MATCH:
+            if not current or name not in tensors:
+                tensors[name] = fresh[name]
+        if not current:  # its wide reading learned features the engine no longer computes
+            wide = READINGS.index("wide")
+            for name in ("proj.weight", "proj.bias", "lm_weight", "log_temperature"):
+                tensors[name][wide] = fresh[name][wide]
         head.load_state_dict(tensors)
         return head

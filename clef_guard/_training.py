@@ -38,6 +38,10 @@ from clef_guard._requests import parse_questions
 from clef_guard._state import to_json
 
 
+_WIDE_FEATURES = 2
+"""Version of the wide features (2: one-word query on the penultimate layer, options read as states)."""
+
+
 @dataclass
 class Features:
     """What the backbone read for one labeled question (see ``OptionFeatures``)."""
@@ -87,7 +91,7 @@ def extract_features(
         (parsed,) = parse_questions({"q": example.question})
         reading = engine.reading(parsed)
         cached = stored.get(key)  # entries from before wide choices name their reading "kind"
-        if cached is None or cached.get("reading", cached.get("kind")) != reading:
+        if cached is None or _stale(cached, reading):
             (encoded,) = engine.encode(example.state, [parsed]).features
             # clone(): leave inference mode's tensors behind, so training can use them
             hidden: torch.Tensor | str = encoded.hidden.to(torch.float16).cpu().clone()
@@ -101,6 +105,7 @@ def extract_features(
                 "lm_logprob": encoded.lm_logprob.float().cpu().clone(),
                 "label": list(parsed.options).index(example.label),
                 "query": encoded.query.to(torch.float16).cpu().clone() if reading == "wide" else None,
+                "wide_features": _WIDE_FEATURES if reading == "wide" else None,
             }
             fresh += 1
             if time.monotonic() - last_save > 30:
@@ -121,6 +126,12 @@ def extract_features(
     if fresh:
         _save(stored, path)
     return features
+
+
+def _stale(entry: dict[str, Any], reading: str) -> bool:
+    """Whether a cached entry was read another way, or wide by an older engine."""
+    read = entry.get("reading", entry.get("kind"))
+    return read != reading or (reading == "wide" and entry.get("wide_features") != _WIDE_FEATURES)
 
 
 def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:

@@ -85,17 +85,24 @@ def test_a_first_format_head_applies_its_one_set_of_weights_to_every_kind(engine
             assert torch.allclose(head(hidden, logprob, kind), expected, atol=1e-5)
 
 
-def test_a_second_format_head_reads_wide_choices_with_the_backbone(engine: LocalDecisionModel, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [2, 3])
+def test_heads_before_format_4_read_wide_choices_with_the_backbone(
+    engine: LocalDecisionModel, tmp_path: Path, version: int
+) -> None:
+    """/2 had no wide reading; /3 learned one on wide features the engine no longer computes."""
     from safetensors.torch import save_file
 
-    width = engine.backbone.hidden_size
+    width, readings = engine.backbone.hidden_size, version + 1
     torch.manual_seed(2)
-    v2 = {"proj.weight": torch.randn(3, width), "proj.bias": torch.randn(3), "lm_weight": torch.rand(3),
-          "log_temperature": torch.zeros(3)}
-    save_file(v2, str(tmp_path / "v2.safetensors"), metadata={"format": "clef-guard-head/2", "hidden_size": str(width)})
-    head = DecisionHead.load(tmp_path / "v2.safetensors", width)
+    old = {"proj.weight": torch.randn(readings, width), "proj.bias": torch.randn(readings),
+           "lm_weight": torch.rand(readings), "log_temperature": torch.zeros(readings)}
+    if version == 3:
+        old |= {"query_proj": torch.randn(128, width), "label_proj": torch.randn(128, width)}
+    path = tmp_path / f"v{version}.safetensors"
+    save_file(old, str(path), metadata={"format": f"clef-guard-head/{version}", "hidden_size": str(width)})
+    head = DecisionHead.load(path, width)
     hidden, logprob, query = torch.randn(20, width), torch.randn(20), torch.randn(width)
     with torch.no_grad():
-        assert torch.allclose(head(hidden, logprob, "choice"), hidden @ v2["proj.weight"][1] + v2["proj.bias"][1]
-                              + v2["lm_weight"][1] * logprob, atol=1e-4)
+        assert torch.allclose(head(hidden, logprob, "choice"), hidden @ old["proj.weight"][1] + old["proj.bias"][1]
+                              + old["lm_weight"][1] * logprob, atol=1e-4)
         assert torch.allclose(head(hidden, logprob, "wide", query), logprob)

