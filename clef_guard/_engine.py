@@ -398,14 +398,6 @@ class LocalDecisionModel(BaseDecisionModel):
 
     def _forward_packed(self, group: list[_Prepared]) -> list[list[OptionFeatures]]:
         """One forward pass over requests laid out as blocks (prefix, then tree), without a cache."""
-        trees, offsets, hidden = self._packed_pass(group)
-        return [
-            self._features(hidden.rows(offset, len(tree.tokens)), item.job.branches, tree)
-            for item, tree, offset in zip(group, trees, offsets, strict=True)
-        ]
-
-    def _packed_pass(self, group: list[_Prepared]) -> tuple[list[_Tree], list[int], _Hidden]:
-        """Requests as blocks of one sequence: their trees, where each tree starts, the states."""
         device = self._backbone.device
         trees = [self._tree(len(item.prefix), item.job.branches) for item in group]
         total = sum(item.length for item in group)
@@ -423,7 +415,10 @@ class LocalDecisionModel(BaseDecisionModel):
             offsets.append(start + prefix)
         wide = any(branch.wide for item in group for branch in item.job.branches)
         hidden = self._run(tokens, None, positions=positions, mask=self._additive(allowed), wide=wide)
-        return trees, offsets, hidden
+        return [
+            self._features(hidden.rows(offset, len(tree.tokens)), item.job.branches, tree)
+            for item, tree, offset in zip(group, trees, offsets, strict=True)
+        ]
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean ``[rows, cols]`` attention pattern as the ``[1, 1, rows, cols]`` additive mask."""
@@ -515,14 +510,17 @@ class LocalDecisionModel(BaseDecisionModel):
         question = branch.question
         keys = [(tuple(branch.question_tokens), label_text(label, text)) for label, text in zip(question.options, question.descriptions, strict=True)]
         missing = [key for key in dict.fromkeys(keys) if key not in self._labels]
-        pseudo = [self._prepare(_Job(text, [branch])) for _, text in missing]
+        prompts = [[*self._prepare(_Job(text, [branch])).prefix, *branch.question_tokens] for _, text in missing]
+        device = self._backbone.device
         with torch.no_grad():
             done = 0
-            for group in _groups(pseudo, lambda item: item.length, self.max_tree_tokens):
-                trees, offsets, hidden = self._packed_pass(group)
-                assert hidden.wide is not None
-                for tree, offset in zip(trees, offsets, strict=True):
-                    self._labels[missing[done]] = hidden.wide[offset + tree.ends[0]].float().cpu().clone()
+            for group in _groups(prompts, len, self.max_tree_tokens):  # right-padded batches
+                width = max(len(ids) for ids in group)
+                ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in group], device=device)
+                mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in group], device=device)
+                states = self._backbone.decoder(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-2]
+                for row, prompt in enumerate(group):
+                    self._labels[missing[done]] = states[row, len(prompt) - 1].float().cpu().clone()
                     done += 1
         for key in keys:
             self._labels.move_to_end(key)

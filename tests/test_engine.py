@@ -5,10 +5,13 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from langchain_core.decisions import Choice, ClassifierResponse, Noul, Score
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clef_guard import LocalClassifierResponse, LocalDecisionModel
+from clef_guard._prompt import label_text
+from clef_guard._requests import parse_questions
 
 STATE = "Ticket #4411: production database is down since 3am and customers cannot pay."
 QUESTIONS = {
@@ -193,3 +196,12 @@ def test_wide_label_embeddings_are_computed_once(wide_engine: LocalDecisionModel
     assert 2 < after_first <= 4  # prefill, the question, the 40 options packed into one or two passes
     assert len(passes) - after_first == 4  # later calls: prefill and question only
     assert max(abs(first.probabilities[k] - again.probabilities[k]) for k in WIDE) < 1e-6
+
+
+def test_a_wide_option_is_the_query_of_its_label_read_as_a_state(wide_engine: LocalDecisionModel) -> None:
+    """The options and the query come from one encoder, so they compare before any training."""
+    (parsed,) = parse_questions({"c": Choice(instructions="Which product line is this about?", criteria=WIDE)})
+    options = wide_engine.encode(STATE, [parsed]).features[0].hidden
+    alone = wide_engine.encode(label_text("topic_3", WIDE["topic_3"]), [parsed]).features[0].query
+    assert torch.allclose(options[3], alone, atol=1e-3 * alone.abs().max().item())
+    assert not torch.allclose(options[4], alone, atol=1e-3 * alone.abs().max().item())
