@@ -2,6 +2,7 @@
 
     python benchmarks/quality.py transfer [--json]
     python benchmarks/quality.py intents [--limit 200] [--json]
+    python benchmarks/quality.py shipped [--limit 200] [--head candidate.safetensors] [--json]
 
 Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
 temperatures on dev splits (``clef-guard calibrate``'s code) and is scored on test
@@ -16,6 +17,8 @@ when serving, so a rerun only pays for what is new.
   (see ``LocalDecisionModel.wide_choice_options``). The backbone alone and the shipped
   head never saw a BANKING77 label (zero-shot); heads trained on CLINC150's 151-way
   question (1,500 rows; zero-shot too) and on 3,000 rows of BANKING77's own train split.
+- shipped: no training; the shipped head (and ``--head``, a candidate to replace it)
+  against the backbone alone on every task's test split that has one (``--limit`` rows).
 """
 
 from __future__ import annotations
@@ -77,13 +80,17 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
             return Recipe(f"head on {task} ({rows} rows)", (Part(task, "train", rows),), (Part(task, "dev", 300),))
 
         return [wide("clinc150", 1500), wide("banking77", 3000)], [Part("banking77", "test", limit)]
-    raise SystemExit(f"unknown suite {name!r}: transfer or intents")
+    if name == "shipped":
+        tasks = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77")
+        return [], [Part(task, "test", limit) for task in tasks]
+    raise SystemExit(f"unknown suite {name!r}: transfer, intents or shipped")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", choices=["transfer", "intents"])
+    parser.add_argument("suite", choices=["transfer", "intents", "shipped"])
     parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
+    parser.add_argument("--head", help="a head file to score next to the shipped one")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit)
@@ -100,6 +107,8 @@ def main() -> None:
         "backbone alone": None,
         "shipped default head": DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size),
     }
+    if args.head:
+        heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
     for recipe in recipes:
         started = time.perf_counter()
