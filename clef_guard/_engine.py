@@ -103,7 +103,7 @@ class OptionFeatures:
     """How the head reads it: the question's kind, or ``"wide"`` (see :mod:`clef_guard._head`)."""
     hidden: torch.Tensor
     """``[n_options, hidden_size]``: hidden state of each option's closing token (a wide
-    choice: each option's label embedding)."""
+    choice: the vector of each option read as a state)."""
     lm_logprob: torch.Tensor
     """``[n_options]``: the backbone's own score of each option: the mean log-probability
     of its tokens (a wide choice: ``WIDE_MATCH_SCALE`` times the centred cosine between
@@ -286,7 +286,7 @@ class LocalDecisionModel(BaseDecisionModel):
         return self._head
 
     def clear_prefix_cache(self) -> None:
-        """Drop every cached state prefix and label embedding."""
+        """Drop every cached state prefix and wide-choice option vector."""
         with self._lock:
             self._prefix_cache.clear()
             self._labels.clear()

@@ -80,7 +80,7 @@ class DecisionHead(nn.Module):
         return raw / self.log_temperature[k].exp()
 
     def fit_match_scaling(self, queries: torch.Tensor, labels: torch.Tensor) -> None:
-        """Set the wide match's standardisation from training ``queries`` and label embeddings."""
+        """Set the wide match's standardisation from training ``queries`` and option vectors."""
         for side, rows in (("query", queries), ("label", labels)):
             getattr(self, f"{side}_center").copy_(rows.mean(0))
             # unit variance per dimension, and about unit norm per vector: Adam's steps stay small

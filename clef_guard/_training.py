@@ -95,7 +95,7 @@ def extract_features(
             (encoded,) = engine.encode(example.state, [parsed]).features
             # clone(): leave inference mode's tensors behind, so training can use them
             hidden: torch.Tensor | str = encoded.hidden.to(torch.float16).cpu().clone()
-            if reading == "wide":  # label embeddings are the question's, not the example's: store them once
+            if reading == "wide":  # option vectors are the question's, not the example's: store them once
                 shared = "labels:" + hashlib.sha256(hidden.numpy().tobytes()).hexdigest()
                 stored.setdefault(shared, hidden)
                 hidden = shared
