@@ -54,8 +54,7 @@ WIDE_MATCH_SCALE = 12.5
 """Logit per unit of centred cosine between a wide choice's query and an option: the
 inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone alone."""
 _LOGIT_CHUNK = 256
-_LABEL_CACHE_SIZE = 4096
-_LABEL_BATCH = 64
+_OPTION_CACHE_SIZE = 4096
 
 
 def _fail(job: _Job, exc: Exception) -> None:
@@ -256,7 +255,7 @@ class LocalDecisionModel(BaseDecisionModel):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _waiting: list[_Job] = PrivateAttr(default_factory=list)
-    _labels: OrderedDict[tuple[tuple[int, ...], str], torch.Tensor] = PrivateAttr(default_factory=OrderedDict)
+    _option_cache: OrderedDict[tuple[tuple[int, ...], str], torch.Tensor] = PrivateAttr(default_factory=OrderedDict)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -289,7 +288,7 @@ class LocalDecisionModel(BaseDecisionModel):
         """Drop every cached state prefix and wide-choice option vector."""
         with self._lock:
             self._prefix_cache.clear()
-            self._labels.clear()
+            self._option_cache.clear()
 
     def reading(self, question: ParsedQuestion) -> str:
         """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""
@@ -508,8 +507,9 @@ class LocalDecisionModel(BaseDecisionModel):
         choice through its query alone).
         """
         question = branch.question
-        keys = [(tuple(branch.question_tokens), label_text(label, text)) for label, text in zip(question.options, question.descriptions, strict=True)]
-        missing = [key for key in dict.fromkeys(keys) if key not in self._labels]
+        asked = tuple(branch.question_tokens)
+        keys = [(asked, label_text(label, text)) for label, text in zip(question.options, question.descriptions, strict=True)]
+        missing = [key for key in dict.fromkeys(keys) if key not in self._option_cache]
         prompts = [[*self._prepare(_Job(text, [branch])).prefix, *branch.question_tokens] for _, text in missing]
         device = self._backbone.device
         with torch.no_grad():
@@ -520,13 +520,13 @@ class LocalDecisionModel(BaseDecisionModel):
                 mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in group], device=device)
                 states = self._backbone.decoder(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-2]
                 for row, prompt in enumerate(group):
-                    self._labels[missing[done]] = states[row, len(prompt) - 1].float().cpu().clone()
+                    self._option_cache[missing[done]] = states[row, len(prompt) - 1].float().cpu().clone()
                     done += 1
         for key in keys:
-            self._labels.move_to_end(key)
-        while len(self._labels) > max(_LABEL_CACHE_SIZE, len(keys)):
-            self._labels.popitem(last=False)
-        return torch.stack([self._labels[key] for key in keys])
+            self._option_cache.move_to_end(key)
+        while len(self._option_cache) > max(_OPTION_CACHE_SIZE, len(keys)):
+            self._option_cache.popitem(last=False)
+        return torch.stack([self._option_cache[key] for key in keys])
 
     def _tree(self, prefix_len: int, branches: list[_Branch]) -> _Tree:
         """Lay out branches after a prefix: each sees the prefix, its own question and itself."""

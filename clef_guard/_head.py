@@ -40,6 +40,7 @@ MATCH_RANK = 128
 """Rank of the wide-choice bilinear match."""
 _FORMAT = "clef-guard-head/4"
 """Version 4 changed the wide features: older heads' wide reading is dropped on load."""
+_PER_READING = ("proj.weight", "proj.bias", "lm_weight", "log_temperature")
 _MATCH = ("query_proj", "label_proj", "query_center", "query_scale", "label_center", "label_scale")
 
 
@@ -108,7 +109,7 @@ class DecisionHead(nn.Module):
             )
         head = cls(hidden_size)
         fresh = head.state_dict()
-        for name in ("proj.weight", "proj.bias", "lm_weight", "log_temperature"):
+        for name in _PER_READING:
             stored = tensors.get(name, fresh[name][:0]).reshape(-1, *fresh[name].shape[1:])
             if stored.shape[0] == 1:  # clef-guard-head/1: one set of weights for every kind
                 stored = stored.expand(len(READINGS) - 1, *stored.shape[1:])
@@ -120,7 +121,7 @@ class DecisionHead(nn.Module):
                 tensors[name] = fresh[name]
         if not current:  # its wide reading learned features the engine no longer computes
             wide = READINGS.index("wide")
-            for name in ("proj.weight", "proj.bias", "lm_weight", "log_temperature"):
+            for name in _PER_READING:
                 tensors[name][wide] = fresh[name][wide]
         head.load_state_dict(tensors)
         return head

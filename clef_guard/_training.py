@@ -202,8 +202,6 @@ def train_head(
                 head.proj.weight[index].zero_()
                 head.proj.bias[index].zero_()
                 head.lm_weight[index] = 1.0
-                if reading == "wide":
-                    head.query_proj.zero_()
     return head.eval(), history
 
 
