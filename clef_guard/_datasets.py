@@ -10,6 +10,7 @@ task        question                              train             dev         
 banking77   Choice: 77 banking intents            train.csv - dev   seeded 10%    test.csv
                                                                     of train.csv
 clinc150    Choice: 150 intents + ``oos``         train+oos_train   val+oos_val   test+oos_test
+hwu64       Choice: 64 assistant intents          train/            valid/        test/
 when2call   Choice: tool_call / request_for_info  (test only)       (test only)   all 300 rows
             / cannot_answer
 assebench   Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
@@ -207,6 +208,18 @@ def _clinc150(root: Path, split: str) -> list[Example]:
     ]
 
 
+def _hwu64(root: Path, split: str) -> list[Example]:
+    folder = root / "hwu64" / {"train": "train", "dev": "valid", "test": "test"}[split]
+    texts, labels = (_read(folder / name).splitlines() for name in ("seq.in", "label"))
+    if len(texts) != len(labels):
+        raise ClefGuardError(f"{folder}: seq.in has {len(texts)} lines but label has {len(labels)}")
+    question = Choice(
+        instructions="Which intent does this request to a virtual assistant express?",
+        criteria=dict.fromkeys(sorted(set(_read(root / "hwu64" / "train" / "label").split()))),
+    )
+    return [Example(f"{split}:{i}", text, question, label) for i, (text, label) in enumerate(zip(texts, labels))]
+
+
 def _when2call(root: Path, split: str) -> list[Example]:
     question = Choice(
         instructions="How should the assistant respond to the user's request, given the tools it has?",
@@ -315,6 +328,7 @@ def _injecguard_items(folder: Path) -> Iterator[tuple[str, str, bool]]:
 _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "banking77": _banking77,
     "clinc150": _clinc150,
+    "hwu64": _hwu64,
     "when2call": _when2call,
     "assebench": partial(_trajectories, folder="assebench_security", file="AgentJudge-security.json"),
     "rjudge": partial(_trajectories, folder="rjudge", file="rjudge.json"),

@@ -19,7 +19,7 @@ way, as the query of a request whose state is the option's label (and descriptio
 per question, cached. The backbone's own score for an option is the cosine between the
 query and the option, both centred on the mean of the question's options; a head can add
 a trained match. So a 255-way choice costs about what a yes/no question does, and labels
-no head was trained on are still matched (see :data:`WIDE_MATCH_SCALE`).
+no head was trained on are still matched (see :data:`~clef_guard._head.WIDE_MATCH_SCALE`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from clef_guard._answers import build_answer
 from clef_guard._backbone import EMBEDDED_MODEL, Backbone, load_backbone
 from clef_guard._errors import EngineError, ModelLoadError, RequestError
-from clef_guard._head import HEAD_FILE, DecisionHead
+from clef_guard._head import HEAD_FILE, WIDE_MATCH_SCALE, DecisionHead, centred_cosine
 from clef_guard._prefix_cache import PrefixCache
 from clef_guard._prompt import PromptLayout, label_text
 from clef_guard._requests import ParsedQuestion, parse_questions
@@ -50,9 +50,6 @@ DEFAULT_HEAD = Path(__file__).parent / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
 WIDE_CHOICE_OPTIONS = 16
 """Beyond this many options a choice is read wide (unless ``wide_choice_options`` says otherwise)."""
-WIDE_MATCH_SCALE = 12.5
-"""Logit per unit of centred cosine between a wide choice's query and an option: the
-inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone alone."""
 _LOGIT_CHUNK = 256
 _OPTION_CACHE_SIZE = 4096
 
@@ -134,16 +131,6 @@ class _Hidden:
     def rows(self, start: int, length: int) -> _Hidden:
         stop = start + length
         return _Hidden(self.last[start:stop], None if self.wide is None else self.wide[start:stop])
-
-
-def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
-    """``[n]``: cosine of ``query`` with each row of ``options``, all centred on the options' mean.
-
-    Centring removes what every option shares (the question, the prompt), which otherwise
-    dominates the cosine; it needs no statistics beyond the question's own options.
-    """
-    center = options.mean(0)
-    return torch.nn.functional.cosine_similarity(options - center, (query - center)[None], dim=-1)
 
 
 @dataclass(frozen=True)

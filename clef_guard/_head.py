@@ -13,10 +13,12 @@ log-probability of the option's tokens. The head scores it as
 A wide choice is read like a bi-encoder: ``query`` is the hidden state where the one-word
 answer would start (it has read the state and the question, no option), each option
 ``h`` is the query of the same question asked about the option's label alone, and
-``lm_logprob`` is the backbone's own match, a scaled centred cosine of the two (see
-``clef_guard._engine``). Both vectors are standardised per dimension with statistics of
-the training data, and the head adds a low-rank bilinear match ``(U q) . (V e)`` to the
-linear terms. A many-way choice then costs one question plus cached option vectors.
+``lm_logprob`` is the backbone's own match, :data:`WIDE_MATCH_SCALE` times their
+:func:`centred_cosine`. A trained head learns a map ``M = 1 + up @ down`` of that space
+(low rank, starting at the identity) and adds ``s * (cos(Mq, Mh) - cos(q, h))``. It has
+no per-label weights, so a trained head still matches labels it never saw, though a map
+fitted to one intent set reads another worse than the untrained one does (README). A
+many-way choice then costs one question plus cached option vectors.
 
 Every reading has its own weights and a temperature, so learning choices does not cost
 yes/no accuracy, and a reading the head was never trained on reads the backbone alone
@@ -37,11 +39,26 @@ from clef_guard._errors import ModelLoadError
 READINGS: tuple[str, ...] = ("noul", "choice", "score", "wide")
 HEAD_FILE = "decision_head.safetensors"
 MATCH_RANK = 128
-"""Rank of the wide-choice bilinear match."""
-_FORMAT = "clef-guard-head/4"
-"""Version 4 changed the wide features: older heads' wide reading is dropped on load."""
+"""Rank of the learned change to the wide-choice space (``up @ down``)."""
+WIDE_MATCH_SCALE = 12.5
+"""Logit per unit of centred cosine between a wide choice's query and an option: the
+inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone alone."""
+_FORMAT = "clef-guard-head/5"
+"""Version 5 learns a map of the wide space; older heads' wide reading is dropped on load."""
 _PER_READING = ("proj.weight", "proj.bias", "lm_weight", "log_temperature")
-_MATCH = ("query_proj", "label_proj", "query_center", "query_scale", "label_center", "label_scale")
+_MATCH = ("match_up", "match_down", "log_match_scale")
+
+
+def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+    """Cosine of ``query`` (``[H]`` or ``[B, H]``) with each of ``options`` (``[n, H]``), all
+    centred on the options' mean: ``[n]`` or ``[B, n]``.
+
+    Centring removes what every option shares (the question, the prompt), which otherwise
+    dominates the cosine; it needs no statistics beyond the question's own options.
+    """
+    center = options.mean(0)
+    unit = nn.functional.normalize
+    return unit(query - center, dim=-1) @ unit(options - center, dim=-1).T
 
 
 class DecisionHead(nn.Module):
@@ -53,11 +70,9 @@ class DecisionHead(nn.Module):
         self.proj = nn.Linear(hidden_size, len(READINGS))
         self.lm_weight = nn.Parameter(torch.ones(len(READINGS)))
         self.log_temperature = nn.Parameter(torch.zeros(len(READINGS)), requires_grad=False)
-        self.query_proj = nn.Parameter(torch.zeros(MATCH_RANK, hidden_size))
-        self.label_proj = nn.Parameter(torch.randn(MATCH_RANK, hidden_size) / hidden_size)
-        for side in ("query", "label"):
-            self.register_buffer(f"{side}_center", torch.zeros(hidden_size))
-            self.register_buffer(f"{side}_scale", torch.ones(hidden_size))
+        self.match_up = nn.Parameter(torch.zeros(hidden_size, MATCH_RANK))
+        self.match_down = nn.Parameter(torch.randn(MATCH_RANK, hidden_size) / hidden_size**0.5)
+        self.log_match_scale = nn.Parameter(torch.tensor(WIDE_MATCH_SCALE).log())
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
@@ -66,30 +81,31 @@ class DecisionHead(nn.Module):
     ) -> torch.Tensor:
         """Option logits for one question: ``hidden`` is ``[n, H]``, ``lm_logprob`` ``[n]``.
 
-        ``query`` (``[H]``) is required for the ``wide`` reading and ignored otherwise.
+        ``query`` (``[H]``) is required for the ``wide`` reading and ignored otherwise. A wide
+        choice also takes a batch of questions over the same options: ``query`` ``[B, H]`` and
+        ``lm_logprob`` ``[B, n]`` give ``[B, n]`` logits.
         """
         k = READINGS.index(reading)
         hidden = hidden.to(self.proj.weight.dtype)
-        match = 0.0
-        if reading == "wide":
+        if reading == "wide":  # no per-option weights: they would learn the training labels, not the match
             if query is None:
                 raise ValueError("a wide choice is scored against the question's query vector")
-            hidden = (hidden - self.label_center) / self.label_scale
-            q = (query.to(hidden.dtype) - self.query_center) / self.query_scale
-            match = (hidden @ self.label_proj.T) @ (self.query_proj @ q)
-        raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.lm_weight[k] * lm_logprob + match
+            query = query.to(hidden.dtype)
+            mapped = centred_cosine(self.wide_map(query), self.wide_map(hidden))
+            raw = self.lm_weight[k] * lm_logprob + self.log_match_scale.exp() * (mapped - centred_cosine(query, hidden))
+        else:
+            raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.lm_weight[k] * lm_logprob
         return raw / self.log_temperature[k].exp()
 
-    def fit_match_scaling(self, queries: torch.Tensor, labels: torch.Tensor) -> None:
-        """Set the wide match's standardisation from training ``queries`` and option vectors."""
-        for side, rows in (("query", queries), ("label", labels)):
-            getattr(self, f"{side}_center").copy_(rows.mean(0))
-            # unit variance per dimension, and about unit norm per vector: Adam's steps stay small
-            getattr(self, f"{side}_scale").copy_((rows.std(0) + 1e-3) * self.hidden_size**0.5)
+    def wide_map(self, vectors: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` wide-choice vectors through the learned map ``1 + up @ down``."""
+        return vectors + (vectors @ self.match_down.T) @ self.match_up.T
 
     def save(self, path: str | Path) -> None:
         """Write the head as safetensors with its format and width in the metadata."""
         tensors = {name: value.detach().cpu().contiguous() for name, value in self.state_dict().items()}
+        if not self.match_up.any():  # an untrained wide map is the identity: load recreates it
+            tensors = {name: value for name, value in tensors.items() if name not in _MATCH}
         save_file(tensors, str(path), metadata={"format": _FORMAT, "hidden_size": str(self.hidden_size)})
 
     @classmethod
@@ -116,10 +132,12 @@ class DecisionHead(nn.Module):
             # older formats lack trailing readings: those keep the backbone's reading
             tensors[name] = torch.cat([stored, fresh[name][stored.shape[0] :]])
         current = file_format == _FORMAT
+        if not current:  # older wide matches (/3, /4) had other tensors: drop them
+            tensors = {name: value for name, value in tensors.items() if name in fresh}
         for name in _MATCH:
             if not current or name not in tensors:
                 tensors[name] = fresh[name]
-        if not current:  # its wide reading learned features the engine no longer computes
+        if not current:  # its wide reading learned features or a match the engine no longer uses
             wide = READINGS.index("wide")
             for name in _PER_READING:
                 tensors[name][wide] = fresh[name][wide]

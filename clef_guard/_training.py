@@ -38,6 +38,8 @@ from clef_guard._requests import parse_questions
 from clef_guard._state import to_json
 
 
+_SAVE_EVERY = 30.0
+"""Seconds between saves of a growing feature cache, at least (each save rewrites the file)."""
 _WIDE_FEATURES = 2
 """Version of the wide features (2: one-word query on the penultimate layer, options read as states)."""
 
@@ -64,8 +66,8 @@ class TrainConfig:
 
     epochs: int = 40
     lr: float = 2e-2
-    match_lr: float = 5e-3
-    """Learning rate of the wide-choice bilinear match (it multiplies two learned maps)."""
+    match_lr: float = 1e-3
+    """Learning rate of the wide-choice map and its scale (``up @ down`` multiplies two learned matrices)."""
     weight_decay: float = 1e-3
     label_smoothing: float = 0.05
     brier_weight: float = 1.0
@@ -85,7 +87,7 @@ def extract_features(
     stored: dict[str, dict[str, Any]] = torch.load(path) if path.exists() else {}
     features, fresh = [], 0
     floats: dict[str, torch.Tensor] = {}  # one float copy of each shared label matrix
-    last_save = time.monotonic()
+    last_save, save_every = time.monotonic(), _SAVE_EVERY
     for done, example in enumerate(examples, start=1):
         key = _example_key(example)
         (parsed,) = parse_questions({"q": example.question})
@@ -108,8 +110,8 @@ def extract_features(
                 "wide_features": _WIDE_FEATURES if reading == "wide" else None,
             }
             fresh += 1
-            if time.monotonic() - last_save > 30:
-                _save(stored, path)
+            if time.monotonic() - last_save > save_every:
+                save_every = max(_SAVE_EVERY, 20 * _save(stored, path))  # saving stays under 5% of the time
                 last_save = time.monotonic()
         entry = stored[key]
         query = entry["query"].float() if entry.get("query") is not None else None
@@ -152,11 +154,27 @@ def batch_loss(
     """Mean :func:`option_loss` over a ragged batch of cached features."""
     return torch.stack(
         [
-            option_loss(item.logits(head), item.label,
-                        label_smoothing=label_smoothing, brier_weight=brier_weight)
-            for item in batch
+            option_loss(logits, item.label, label_smoothing=label_smoothing, brier_weight=brier_weight)
+            for item, logits in zip(batch, _batch_logits(head, batch), strict=True)
         ]
     ).mean()
+
+
+def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.Tensor]:
+    """Each item's logits; wide items that share a question's option vectors go through ``head`` at once."""
+    logits: dict[int, torch.Tensor] = {}
+    shared: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    for index, item in enumerate(batch):
+        if item.reading == "wide" and item.query is not None:
+            shared.setdefault(id(item.hidden), []).append((index, item.query))
+        else:
+            logits[index] = item.logits(head)
+    for group in shared.values():
+        options = batch[group[0][0]].hidden
+        scores = torch.stack([batch[index].lm_logprob for index, _ in group])
+        rows = head(options, scores, "wide", torch.stack([query for _, query in group]))
+        logits.update((index, row) for (index, _), row in zip(group, rows, strict=True))
+    return [logits[index] for index in range(len(batch))]
 
 
 def train_head(
@@ -172,11 +190,7 @@ def train_head(
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     head = DecisionHead(hidden_size)
-    wide = [f for f in features if f.reading == "wide" and f.query is not None]
-    if wide:
-        label_sets = {id(f.hidden): f.hidden for f in wide}  # cached features share each question's set
-        head.fit_match_scaling(torch.stack([f.query for f in wide]), torch.cat(list(label_sets.values())))
-    match = [head.query_proj, head.label_proj]
+    match = [head.match_up, head.match_down, head.log_match_scale]
     linear = [p for p in head.parameters() if p.requires_grad and all(p is not m for m in match)]
     optimizer = torch.optim.AdamW(
         [{"params": linear}, {"params": match, "lr": config.match_lr}], lr=config.lr, weight_decay=config.weight_decay
@@ -384,10 +398,8 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str
 def predict(head: DecisionHead | None, features: Sequence[Features]) -> list[torch.Tensor]:
     """Option probabilities per example (the backbone alone when ``head`` is ``None``)."""
     with torch.no_grad():
-        return [
-            torch.softmax(f.logits(head) if head is not None else f.lm_logprob, dim=-1)
-            for f in features
-        ]
+        logits = _batch_logits(head, features) if head is not None else [f.lm_logprob for f in features]
+        return [torch.softmax(row, dim=-1) for row in logits]
 
 
 def _backbone_key(engine: LocalDecisionModel) -> str:
@@ -404,8 +416,11 @@ def _example_key(example: Example) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _save(stored: dict[str, Any], path: Path) -> None:
+def _save(stored: dict[str, Any], path: Path) -> float:
+    """Write the whole cache (atomically); returns the seconds it took."""
+    started = time.monotonic()
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".tmp")
     torch.save(stored, staging)
     staging.replace(path)
+    return time.monotonic() - started

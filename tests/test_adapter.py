@@ -85,19 +85,22 @@ def test_a_first_format_head_applies_its_one_set_of_weights_to_every_kind(engine
             assert torch.allclose(head(hidden, logprob, kind), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("version", [2, 3])
-def test_heads_before_format_4_read_wide_choices_with_the_backbone(
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_heads_before_format_5_read_wide_choices_with_the_backbone(
     engine: LocalDecisionModel, tmp_path: Path, version: int
 ) -> None:
-    """/2 had no wide reading; /3 learned one on wide features the engine no longer computes."""
+    """/2 had no wide reading; /3 learned one on wide features the engine no longer computes, /4 a
+    bilinear match over standardised vectors that the symmetric map replaced."""
     from safetensors.torch import save_file
 
-    width, readings = engine.backbone.hidden_size, version + 1
+    width, readings = engine.backbone.hidden_size, min(version + 1, 4)  # /3 added the wide reading
     torch.manual_seed(2)
     old = {"proj.weight": torch.randn(readings, width), "proj.bias": torch.randn(readings),
            "lm_weight": torch.rand(readings), "log_temperature": torch.zeros(readings)}
-    if version == 3:
+    if version >= 3:
         old |= {"query_proj": torch.randn(128, width), "label_proj": torch.randn(128, width)}
+    if version == 4:
+        old |= {f"{side}_{stat}": torch.rand(width) for side in ("query", "label") for stat in ("center", "scale")}
     path = tmp_path / f"v{version}.safetensors"
     save_file(old, str(path), metadata={"format": f"clef-guard-head/{version}", "hidden_size": str(width)})
     head = DecisionHead.load(path, width)

@@ -39,7 +39,9 @@ def test_every_split_loads_with_labels_among_the_question_options(task: str) -> 
 def test_intent_sets_have_every_intent_as_an_option() -> None:
     (banking,) = load_task("banking77", "test", limit=1)
     (clinc,) = load_task("clinc150", "test", limit=1)
+    (hwu,) = load_task("hwu64", "test", limit=1)
     assert len(banking.question.criteria) == 77
+    assert len(hwu.question.criteria) == 64
     assert banking.question.criteria["card_arrival"] is None  # the label is its own description
     assert len(clinc.question.criteria) == 151
     assert "oos" in clinc.question.criteria

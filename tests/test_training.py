@@ -25,6 +25,8 @@ from clef_guard._training import (
 QUESTION = Noul(instructions="Does the message mention an animal?")
 ANIMALS = ["cat", "dog", "horse", "parrot", "rabbit", "goat", "tiger", "sheep", "mouse", "duck", "whale", "eagle"]
 OBJECTS = ["chair", "lamp", "spoon", "table", "pencil", "bottle", "window", "carpet", "phone", "kettle", "brick", "drawer"]
+UNSEEN = ["apple", "banana", "guitar", "violin", "truck", "bicycle", "river", "mountain", "candle", "blanket",
+          "hammer", "ladder", "pillow", "basket", "mirror", "wallet", "helmet", "jacket", "bucket", "rocket"]
 
 
 def _toy(words: list[str], label: str, offset: int) -> list[Example]:
@@ -173,6 +175,10 @@ def test_a_wide_choice_matches_unseen_labels_and_a_head_sharpens_it(wide_engine:
     head, history = train_head(train, wide_engine.backbone.hidden_size, TrainConfig(epochs=30, batch_size=10))
     assert history[-1] < history[0] * 0.7
     assert _accuracy(head, test) >= _accuracy(None, test)
+    # what it learned is a map of the space, not these labels: 20 words it never saw still match
+    unseen = Choice(instructions=question.instructions, criteria={w: None for w in UNSEEN})
+    rows = [Example(f"u{t}-{w}", template.format(w), unseen, w) for t, template in enumerate(templates[:2]) for w in UNSEEN]
+    assert _accuracy(head, extract_features(wide_engine, rows, cache=tmp_path)) > 0.9
     head.save(tmp_path / "wide.safetensors")
     served = LocalDecisionModel(head=str(tmp_path / "wide.safetensors"))
     (parsed,) = parse_questions({"q": question})
