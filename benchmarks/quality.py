@@ -13,10 +13,11 @@ when serving, so a rerun only pays for what is new.
 - transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security (300
   train and 60 dev rows of each, ``--limit`` test rows). A head trained on one set and
   scored on the other is the transfer figure; on its own set, the in-distribution one.
-- intents: BANKING77's 77-way test split (``--limit`` rows, fixed seed), a wide choice
-  (see ``LocalDecisionModel.wide_choice_options``). The backbone alone and the shipped
-  head never saw a BANKING77 label (zero-shot); heads trained on CLINC150's 151-way
-  question (1,500 rows; zero-shot too) and on 3,000 rows of BANKING77's own train split.
+- intents: BANKING77's 77-way and HWU64's 64-way test splits (``--limit`` rows, fixed
+  seed), wide choices (see ``LocalDecisionModel.wide_choice_options``). The backbone alone
+  and the shipped head never saw either label set (zero-shot); heads trained on CLINC150's
+  151-way question (1,500 rows; zero-shot on both) and on 3,000 rows of BANKING77's own
+  train split (zero-shot on HWU64).
 - shipped: no training; the shipped head (and ``--head``, a candidate to replace it)
   against the backbone alone on every task's test split that has one (``--limit`` rows).
 """
@@ -79,9 +80,9 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
         def wide(task: str, rows: int) -> Recipe:
             return Recipe(f"head on {task} ({rows} rows)", (Part(task, "train", rows),), (Part(task, "dev", 300),))
 
-        return [wide("clinc150", 1500), wide("banking77", 3000)], [Part("banking77", "test", limit)]
+        return [wide("clinc150", 1500), wide("banking77", 3000)], [Part("banking77", "test", limit), Part("hwu64", "test", limit)]
     if name == "shipped":
-        tasks = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77")
+        tasks = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
         return [], [Part(task, "test", limit) for task in tasks]
     raise SystemExit(f"unknown suite {name!r}: transfer, intents or shipped")
 
