@@ -177,9 +177,13 @@ def test_a_wide_choice_matches_unseen_labels_and_a_head_sharpens_it(wide_engine:
     assert _accuracy(head, test) >= _accuracy(None, test)
     # what it learned is a map of the space, not these labels: 20 words it never saw still match
     unseen = Choice(instructions=question.instructions, criteria={w: None for w in UNSEEN})
-    rows = [Example(f"u{t}-{w}", template.format(w), unseen, w) for t, template in enumerate(templates[:2]) for w in UNSEEN]
-    assert _accuracy(head, extract_features(wide_engine, rows, cache=tmp_path)) > 0.9
+    novel = [Example(f"u{t}-{w}", template.format(w), unseen, w) for t, template in enumerate(templates[:2]) for w in UNSEEN]
+    assert _accuracy(head, extract_features(wide_engine, novel, cache=tmp_path)) > 0.9
     head.save(tmp_path / "wide.safetensors")
     served = LocalDecisionModel(head=str(tmp_path / "wide.safetensors"))
     (parsed,) = parse_questions({"q": question})
     assert served.reading(parsed) == "wide"
+    # serving reads the map exactly as training did
+    answer = served.invoke({"state": rows[0].state, "questions": {"q": question}}).answers["q"]
+    (trained,) = predict(head, extract_features(wide_engine, [Example("s", rows[0].state, question, words[0])], cache=tmp_path))
+    assert [answer.probabilities[w] for w in words] == pytest.approx(trained.tolist(), abs=1e-3)
