@@ -131,15 +131,12 @@ class DecisionHead(nn.Module):
                 stored = stored.expand(len(READINGS) - 1, *stored.shape[1:])
             # older formats lack trailing readings: those keep the backbone's reading
             tensors[name] = torch.cat([stored, fresh[name][stored.shape[0] :]])
-        current = file_format == _FORMAT
-        if not current:  # older wide matches (/3, /4) had other tensors: drop them
-            tensors = {name: value for name, value in tensors.items() if name in fresh}
-        for name in _MATCH:
-            if not current or name not in tensors:
-                tensors[name] = fresh[name]
-        if not current:  # its wide reading learned features or a match the engine no longer uses
+        if file_format != _FORMAT:  # its wide reading learned features or a match the engine no longer uses
+            tensors = {name: value for name, value in tensors.items() if name in fresh}  # /3, /4: other tensors
             wide = READINGS.index("wide")
             for name in _PER_READING:
                 tensors[name][wide] = fresh[name][wide]
+        for name in _MATCH:  # absent when older, or saved untrained (see save)
+            tensors.setdefault(name, fresh[name])
         head.load_state_dict(tensors)
         return head

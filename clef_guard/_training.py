@@ -390,7 +390,7 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str
         for index, reading in enumerate(READINGS):
             mine = [f for f in features if f.reading == reading]
             if mine:
-                temperatures[reading] = fit_temperature([f.logits(head) for f in mine], [f.label for f in mine])
+                temperatures[reading] = fit_temperature(_batch_logits(head, mine), [f.label for f in mine])
                 head.log_temperature[index] = math.log(temperatures[reading])
     return temperatures
 
