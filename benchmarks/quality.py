@@ -2,6 +2,8 @@
 
     python benchmarks/quality.py transfer [--json]
     python benchmarks/quality.py intents [--limit 200] [--json]
+    python benchmarks/quality.py tool-use [--limit 300] [--json]
+    python benchmarks/quality.py calibrated [--limit 200] [--json]
     python benchmarks/quality.py shipped [--limit 200] [--head candidate.safetensors] [--json]
 
 Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
@@ -10,14 +12,19 @@ splits, next to the backbone alone and the shipped default head. Features come f
 same cache as the CLI (``extract_features``), and are what ``LocalDecisionModel`` computes
 when serving, so a rerun only pays for what is new.
 
-- transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security (300
-  train and 60 dev rows of each, ``--limit`` test rows). A head trained on one set and
+- transfer: "is the agent's action unsafe?" on R-Judge and ASSEBench-security (each
+  set's whole train and dev splits, ``--limit`` test rows). A head trained on one set and
   scored on the other is the transfer figure; on its own set, the in-distribution one.
 - intents: BANKING77's 77-way and HWU64's 64-way test splits (``--limit`` rows, fixed
   seed), wide choices (see ``LocalDecisionModel.wide_choice_options``). The backbone alone
   and the shipped head never saw either label set (zero-shot); heads trained on CLINC150's
   151-way question (1,500 rows; zero-shot on both) and on BANKING77's whole train split
   (9,003 rows, zero-shot on HWU64; its features take about 40 minutes on a 2-core CPU).
+- tool-use: "how should the assistant answer, given its tools?", a head trained on the
+  generated ``tool-use`` rows (its train tools; dev tools calibrate) and scored on its test
+  tools and on When2Call (``--limit`` rows), which it never saw.
+- calibrated: the shipped head with its temperatures fitted on each task's own dev split
+  (``clef-guard calibrate --task T --split dev``), scored on that task's test split.
 - shipped: no training; the shipped head (and ``--head``, a candidate to replace it)
   against the backbone alone on every task's test split that has one (``--limit`` rows).
 """
@@ -60,9 +67,16 @@ class Part:
 
 @dataclass(frozen=True)
 class Recipe:
+    """A head trained on ``train`` (the shipped head when empty), its temperatures fitted on
+    ``calibrate``, scored on the suite's tests (only those of ``scored_on`` when given)."""
+
     name: str
     train: tuple[Part, ...]
     calibrate: tuple[Part, ...]
+    scored_on: str | None = None
+
+
+SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated")
 
 
 def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
@@ -70,8 +84,8 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
         def on(*tasks: str) -> Recipe:
             return Recipe(
                 f"head on {' + '.join(tasks)}",
-                tuple(Part(t, "train", 300) for t in tasks),
-                tuple(Part(t, "dev", 60) for t in tasks),
+                tuple(Part(t, "train") for t in tasks),
+                tuple(Part(t, "dev") for t in tasks),
             )
 
         tests = [Part("rjudge", "test", limit), Part("assebench", "test", limit)]
@@ -82,15 +96,21 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
             return Recipe(f"head on {task} ({size})", (Part(task, "train", rows),), (Part(task, "dev", 300),))
 
         return [wide("clinc150", 1500), wide("banking77", None)], [Part("banking77", "test", limit), Part("hwu64", "test", limit)]
+    if name == "tool-use":
+        recipe = Recipe("head on tool-use", (Part("tool-use", "train"),), (Part("tool-use", "dev"),))
+        return [recipe], [Part("tool-use", "test"), Part("when2call", "test", limit)]
+    shipped = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
     if name == "shipped":
-        tasks = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
-        return [], [Part(task, "test", limit) for task in tasks]
-    raise SystemExit(f"unknown suite {name!r}: transfer, intents or shipped")
+        return [], [Part(task, "test", limit) for task in shipped]
+    if name == "calibrated":
+        recipes = [Recipe(f"shipped, T on {task} dev", (), (Part(task, "dev", limit),), task) for task in shipped]
+        return recipes, [Part(task, "test", limit) for task in shipped]
+    raise SystemExit(f"unknown suite {name!r}: {', '.join(SUITES)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", choices=["transfer", "intents", "shipped"])
+    parser.add_argument("suite", choices=SUITES)
     parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
     parser.add_argument("--head", help="a head file to score next to the shipped one")
     parser.add_argument("--json", action="store_true")
@@ -112,10 +132,14 @@ def main() -> None:
     if args.head:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
+    scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
     for recipe in recipes:
         started = time.perf_counter()
-        train = [f for part in recipe.train for f in read(part)[1]]
-        head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig())
+        if recipe.train:
+            train = [f for part in recipe.train for f in read(part)[1]]
+            head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig())
+        else:
+            head = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
         calibrate_head(head, [f for part in recipe.calibrate for f in read(part)[1]])
         heads[recipe.name] = head
         seconds[recipe.name] = time.perf_counter() - started
@@ -123,6 +147,8 @@ def main() -> None:
     for part in tests:
         rows, features = read(part)
         for name, head in heads.items():
+            if scored_on.get(name, part.task) != part.task:
+                continue
             distributions = [p.tolist() for p in predict(head, features)]
             results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
     if args.json:

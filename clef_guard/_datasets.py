@@ -13,6 +13,8 @@ clinc150    Choice: 150 intents + ``oos``         train+oos_train   val+oos_val 
 hwu64       Choice: 64 assistant intents          train/            valid/        test/
 when2call   Choice: tool_call / request_for_info  (test only)       (test only)   all 300 rows
             / cannot_answer
+tool-use    the same question, generated rows     seeded 70% of     15% of the    15% of the
+            (``clef_guard._tool_use``)            the tools         tools         tools
 assebench   Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
 rjudge      Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
 metatool    Noul: does it need an external tool?  seeded 70%        seeded 10%    seeded 20%
@@ -173,6 +175,12 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _tool_use_examples(split: str) -> list[Example]:
+    from clef_guard._tool_use import tool_use_examples  # generated, not read: see that module
+
+    return tool_use_examples(split)
+
+
 def _policy_examples(split: str) -> list[Example]:
     from clef_guard._synthetic import policy_examples  # generated, not read: see that module
 
@@ -220,15 +228,18 @@ def _hwu64(root: Path, split: str) -> list[Example]:
     return [Example(f"{split}:{i}", text, question, label) for i, (text, label) in enumerate(zip(texts, labels))]
 
 
+WHEN_TO_CALL = Choice(
+    instructions="How should the assistant respond to the user's request, given the tools it has?",
+    criteria={
+        "tool_call": "Call a tool: one serves the request and every required argument is given.",
+        "request_for_info": "Ask the user for more: a tool fits but a required argument is missing.",
+        "cannot_answer": "Say it cannot help: none of the tools can serve the request.",
+    },
+)
+"""The question of the ``when2call`` and ``tool-use`` tasks."""
+
+
 def _when2call(root: Path, split: str) -> list[Example]:
-    question = Choice(
-        instructions="How should the assistant respond to the user's request, given the tools it has?",
-        criteria={
-            "tool_call": "Call a tool: one serves the request and every required argument is given.",
-            "request_for_info": "Ask the user for more: a tool fits but a required argument is missing.",
-            "cannot_answer": "Say it cannot help: none of the tools can serve the request.",
-        },
-    )
     lines = _read(root / "when2call" / "when2call_test_llm_judge.jsonl").splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
     return [
@@ -238,7 +249,7 @@ def _when2call(root: Path, split: str) -> list[Example]:
                 "messages": [{"role": "user", "content": row["question"]}],
                 "tools": [json.loads(tool) for tool in row["tools"]],
             },
-            question,
+            WHEN_TO_CALL,
             row["correct_answer"],
         )
         for row in rows
@@ -335,6 +346,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "metatool": _metatool,
     "injecguard": _injecguard,
     "policies": lambda root, split: _policy_examples(split),
+    "tool-use": lambda root, split: _tool_use_examples(split),
 }
 _TEST_ONLY = frozenset({"when2call"})
 

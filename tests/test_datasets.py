@@ -104,6 +104,27 @@ def test_states_carry_turns_and_tools() -> None:
     assert all("name" in tool and "description" in tool for tool in request["tools"])
 
 
+def test_tool_use_rows_follow_when2call_and_split_by_tool() -> None:
+    """A generated row lists its request's tool exactly when it should be called or asked about."""
+    (reference,) = load_task("when2call", "test", limit=1)
+    tools_by_split = {}
+    for split in SPLITS:
+        rows = load_task("tool-use", split)
+        assert {row.label for row in rows} == set(reference.question.criteria)
+        assert all(row.question == reference.question for row in rows)
+        listed_anywhere = set()
+        for row in rows:
+            own = row.id.split(":")[1]
+            listed = [tool["name"] for tool in row.state["tools"]]
+            listed_anywhere.update(listed)
+            assert (own in listed) == (row.label != "cannot_answer"), row.id
+            assert all(set(tool["parameters"]) == {"type", "required", "properties"} for tool in row.state["tools"])
+        tools_by_split[split] = listed_anywhere
+    assert not tools_by_split["train"] & tools_by_split["test"]
+    assert not tools_by_split["train"] & tools_by_split["dev"]
+    assert [row.state for row in load_task("tool-use", "dev")] == [row.state for row in load_task("tool-use", "dev")]
+
+
 def test_when2call_is_test_only() -> None:
     with pytest.raises(ClefGuardError, match="test-only"):
         load_task("when2call", "train")
