@@ -30,9 +30,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/engine.py
 
 # Rebuild the shipped decision head (clef_guard/heads/default.safetensors) from train splits only.
-# CLINC150 teaches it choices (8 sampled labels per example); BANKING77, R-Judge, ASSEBench
-# and When2Call stay out of it entirely, so its scores there are zero-shot.
-HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --options 8
+# CLINC150 and the generated tool-use rows teach it choices (8 sampled labels per CLINC150
+# example); BANKING77, HWU64, R-Judge, ASSEBench and When2Call stay out of it entirely, so
+# its scores there are zero-shot.
+HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --task tool-use --options 8
 default-head: $(STAMP)
 	$(VENV)/bin/clef-guard train $(HEAD_TASKS) --limit 1500 --out build/default-head
 	$(VENV)/bin/clef-guard calibrate --head build/default-head/decision_head.safetensors $(HEAD_TASKS) --limit 300 \

@@ -101,7 +101,7 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
         return [recipe], [Part("tool-use", "test"), Part("when2call", "test", limit)]
     shipped = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
     if name == "shipped":
-        return [], [Part(task, "test", limit) for task in shipped]
+        return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
     if name == "calibrated":
         recipes = [Recipe(f"shipped, T on {task} dev", (), (Part(task, "dev", limit),), task) for task in shipped]
         return recipes, [Part(task, "test", limit) for task in shipped]
