@@ -8,7 +8,10 @@ and a ``wide`` choice, one with more options than the engine lists (see
 For a listed option the engine extracts the hidden state of the token that closes it
 (it has read the state, the question and the option) and the backbone's mean
 log-probability of the option's tokens. The head scores it as
-``w[r] . h + b[r] + lm_weight[r] * lm_logprob`` for reading ``r``.
+``w[r] . h + b[r] + v[r] . gelu(W norm(h)) + lm_weight[r] * lm_logprob`` for reading ``r``:
+a linear probe plus one small hidden layer that the listed readings share. The hidden
+layer lets one head answer unrelated yes/no questions (a tool's need, an injection, an
+unsafe agent action) without one direction of ``h`` serving them all.
 
 A wide choice is read like a bi-encoder: ``query`` is the hidden state where the one-word
 answer would start (it has read the state and the question, no option), each option
@@ -22,7 +25,7 @@ many-way choice then costs one question plus cached option vectors.
 
 Every reading has its own weights and a temperature, so learning choices does not cost
 yes/no accuracy, and a reading the head was never trained on reads the backbone alone
-(``w = 0``, ``U = 0``, ``lm_weight = 1``, temperature 1), as an engine without a head does.
+(``w = 0``, ``v = 0``, ``U = 0``, ``lm_weight = 1``, temperature 1), as an engine without a head does.
 """
 
 from __future__ import annotations
@@ -43,10 +46,16 @@ MATCH_RANK = 128
 WIDE_MATCH_SCALE = 12.5
 """Logit per unit of centred cosine between a wide choice's query and an option: the
 inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone alone."""
-_FORMAT = "clef-guard-head/5"
-"""Version 5 learns a map of the wide space; older heads' wide reading is dropped on load."""
+HIDDEN_WIDTH = 256
+"""Width of the hidden layer the listed readings share."""
+_DROPOUT = 0.1
+_FORMAT = "clef-guard-head/6"
+"""Version 6 adds the hidden layer; 5 learned the map of the wide space that 6 keeps."""
+_SAME_WIDE = frozenset({"clef-guard-head/5", _FORMAT})
+"""Formats whose wide reading this version reads as they were trained; older ones' is dropped on load."""
 _PER_READING = ("proj.weight", "proj.bias", "lm_weight", "log_temperature")
 _MATCH = ("match_up", "match_down", "log_match_scale")
+_HIDDEN = ("hidden_norm.weight", "hidden_norm.bias", "hidden_in.weight", "hidden_in.bias", "hidden_out")
 
 
 def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
@@ -73,6 +82,10 @@ class DecisionHead(nn.Module):
         self.match_up = nn.Parameter(torch.zeros(hidden_size, MATCH_RANK))
         self.match_down = nn.Parameter(torch.randn(MATCH_RANK, hidden_size) / hidden_size**0.5)
         self.log_match_scale = nn.Parameter(torch.tensor(WIDE_MATCH_SCALE).log())
+        self.hidden_norm = nn.LayerNorm(hidden_size)
+        self.hidden_in = nn.Linear(hidden_size, HIDDEN_WIDTH)
+        self.hidden_out = nn.Parameter(torch.zeros(len(READINGS), HIDDEN_WIDTH))
+        self.dropout = nn.Dropout(_DROPOUT)
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
@@ -94,7 +107,9 @@ class DecisionHead(nn.Module):
             mapped = centred_cosine(self.wide_map(query), self.wide_map(hidden))
             raw = self.lm_weight[k] * lm_logprob + self.log_match_scale.exp() * (mapped - centred_cosine(query, hidden))
         else:
-            raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.lm_weight[k] * lm_logprob
+            shared = nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden))))
+            raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.dropout(shared) @ self.hidden_out[k]
+            raw = raw + self.lm_weight[k] * lm_logprob
         return raw / self.log_temperature[k].exp()
 
     def wide_map(self, vectors: torch.Tensor) -> torch.Tensor:
@@ -104,13 +119,14 @@ class DecisionHead(nn.Module):
     def save(self, path: str | Path) -> None:
         """Write the head as safetensors with its format and width in the metadata."""
         tensors = {name: value.detach().cpu().contiguous() for name, value in self.state_dict().items()}
-        if not self.match_up.any():  # an untrained wide map is the identity: load recreates it
-            tensors = {name: value for name, value in tensors.items() if name not in _MATCH}
+        for unused, names in ((not self.match_up.any(), _MATCH), (not self.hidden_out.any(), _HIDDEN)):
+            if unused:  # an untrained wide map is the identity, an untrained hidden layer adds 0: load recreates them
+                tensors = {name: value for name, value in tensors.items() if name not in names}
         save_file(tensors, str(path), metadata={"format": _FORMAT, "hidden_size": str(self.hidden_size)})
 
     @classmethod
     def load(cls, path: str | Path, hidden_size: int) -> DecisionHead:
-        """Read a head written by :meth:`save` (or an older format); its width must match the backbone's."""
+        """Read a head written by :meth:`save` (or an older format), ready to answer; its width must match the backbone's."""
         try:
             tensors = load_file(str(path))
             with safe_open(str(path), "pt") as handle:
@@ -131,12 +147,12 @@ class DecisionHead(nn.Module):
                 stored = stored.expand(len(READINGS) - 1, *stored.shape[1:])
             # older formats lack trailing readings: those keep the backbone's reading
             tensors[name] = torch.cat([stored, fresh[name][stored.shape[0] :]])
-        if file_format != _FORMAT:  # its wide reading learned features or a match the engine no longer uses
+        if file_format not in _SAME_WIDE:  # its wide reading learned features or a match the engine no longer uses
             tensors = {name: value for name, value in tensors.items() if name in fresh}  # /3, /4: other tensors
             wide = READINGS.index("wide")
             for name in _PER_READING:
                 tensors[name][wide] = fresh[name][wide]
-        for name in _MATCH:  # absent when older, or saved untrained (see save)
+        for name in (*_MATCH, *_HIDDEN):  # absent when older, or saved untrained (see save)
             tensors.setdefault(name, fresh[name])
         head.load_state_dict(tensors)
-        return head
+        return head.eval()  # a loaded head answers: no dropout

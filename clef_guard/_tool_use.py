@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from clef_guard._datasets import Example, WHEN_TO_CALL
+from clef_guard._datasets import Example, WHEN_TO_CALL, _seeded_split
 
 _VALUES: dict[str, list[str]] = {
     "city": ["Paris", "Tokyo", "Chicago", "Nairobi", "Lima", "Oslo", "Mumbai", "Toronto", "Austin", "Seoul"],
@@ -152,11 +152,7 @@ _PER_TOOL = 36
 
 def tool_use_examples(split: str) -> list[Example]:
     """The rows of ``split``; tools are assigned to train, dev and test by a seeded shuffle."""
-    tools = list(_TOOLS)
-    random.Random("clef-guard/tool-use").shuffle(tools)
-    cut = round(0.15 * len(tools))
-    parts = {"dev": tools[:cut], "test": tools[cut : 2 * cut], "train": tools[2 * cut :]}
-    own = parts[split]
+    own = _seeded_split("tool-use", _TOOLS, dev=0.15, test=0.15)[split]
     rng = random.Random(f"clef-guard/tool-use/{split}")
     examples = []
     for tool in sorted(own, key=lambda t: t.name):

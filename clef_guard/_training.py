@@ -68,6 +68,8 @@ class TrainConfig:
     lr: float = 2e-2
     match_lr: float = 1e-3
     """Learning rate of the wide-choice map and its scale (``up @ down`` multiplies two learned matrices)."""
+    hidden_lr: float = 3e-3
+    """Learning rate of the hidden layer (``lr`` suits the linear probe, not it)."""
     weight_decay: float = 1e-3
     label_smoothing: float = 0.05
     brier_weight: float = 1.0
@@ -189,11 +191,14 @@ def train_head(
         raise ValueError("no training examples")
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    head = DecisionHead(hidden_size)
+    head = DecisionHead(hidden_size).train()
     match = [head.match_up, head.match_down, head.log_match_scale]
-    linear = [p for p in head.parameters() if p.requires_grad and all(p is not m for m in match)]
+    layer = [head.hidden_out, *head.hidden_norm.parameters(), *head.hidden_in.parameters()]
+    linear = [p for p in head.parameters() if p.requires_grad and all(p is not m for m in (*match, *layer))]
     optimizer = torch.optim.AdamW(
-        [{"params": linear}, {"params": match, "lr": config.match_lr}], lr=config.lr, weight_decay=config.weight_decay
+        [{"params": linear}, {"params": match, "lr": config.match_lr}, {"params": layer, "lr": config.hidden_lr}],
+        lr=config.lr,
+        weight_decay=config.weight_decay,
     )
     order = list(range(len(features)))
     history = []
@@ -215,6 +220,7 @@ def train_head(
             if not any(f.reading == reading for f in features):
                 head.proj.weight[index].zero_()
                 head.proj.bias[index].zero_()
+                head.hidden_out[index].zero_()
                 head.lm_weight[index] = 1.0
     return head.eval(), history
 

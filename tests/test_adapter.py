@@ -109,3 +109,22 @@ def test_heads_before_format_5_read_wide_choices_with_the_backbone(
         assert torch.allclose(head(hidden, logprob, "choice"), hidden @ old["proj.weight"][1] + old["proj.bias"][1]
                               + old["lm_weight"][1] * logprob, atol=1e-4)
         assert torch.allclose(head(hidden, logprob, "wide", query), logprob)
+
+
+def test_a_format_5_head_keeps_its_wide_map_and_gains_an_empty_hidden_layer(engine: LocalDecisionModel, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    width = engine.backbone.hidden_size
+    torch.manual_seed(3)
+    trained = DecisionHead(width)
+    with torch.no_grad():
+        trained.match_up.normal_()
+    old = {name: value for name, value in trained.state_dict().items() if not name.startswith("hidden_")}
+    path = tmp_path / "v5.safetensors"
+    save_file(old, str(path), metadata={"format": "clef-guard-head/5", "hidden_size": str(width)})
+    head = DecisionHead.load(path, width)
+    assert not head.training, "a loaded head answers without dropout"
+    hidden, logprob, query = torch.randn(20, width), torch.randn(20), torch.randn(width)
+    with torch.no_grad():
+        assert torch.allclose(head(hidden, logprob, "wide", query), trained.eval()(hidden, logprob, "wide", query), atol=1e-4)
+        assert torch.allclose(head(hidden, logprob, "noul"), logprob, atol=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,24 @@ def test_tool_use_rows_follow_when2call_and_split_by_tool() -> None:
     assert not tools_by_split["train"] & tools_by_split["test"]
     assert not tools_by_split["train"] & tools_by_split["dev"]
     assert [row.state for row in load_task("tool-use", "dev")] == [row.state for row in load_task("tool-use", "dev")]
+
+
+def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -> None:
+    """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient."""
+    from clef_guard._synthetic import RELATIONS
+
+    rows = [row for split in SPLITS for row in load_task("policies", split) if row.id.startswith("outbound-communication/external/")]
+    unnamed = 0
+    for row in rows:
+        to, turns = row.state["tool"]["args"]["to"], row.state["messages"]
+        system = [turn["content"] for turn in turns if turn["role"] == "system"]
+        if system:
+            domain = re.search(r"\b[a-z-]+\.(com|io|org|dev)\b", system[0]).group()
+            assert (row.label == "yes") == (not to.startswith("#") and not to.endswith("@" + domain)), row.id
+        else:
+            unnamed += 1
+            assert any(f"{relation} ({to})" in turns[-1]["content"] for relation in RELATIONS[row.label == "yes"]), row.id
+    assert 0 < unnamed < len(rows) / 2
 
 
 def test_when2call_is_test_only() -> None:

@@ -58,6 +58,21 @@ def test_training_lowers_the_loss_and_beats_chance(engine: LocalDecisionModel, t
     assert _accuracy(head, test) > 0.5
 
 
+def test_the_hidden_layer_learns_a_rule_no_linear_probe_can() -> None:
+    """Yes when exactly one of two feature directions is positive (XOR): a linear probe is at chance."""
+    from clef_guard._training import Features
+
+    generator = torch.Generator().manual_seed(0)
+    points = 0.3 * torch.randn(600, 32, generator=generator)  # 30 weak noise directions keep the layer norm honest
+    points[:, :2] = torch.randn(600, 2, generator=generator)
+    labels = ((points[:, 0] > 0) ^ (points[:, 1] > 0)).long()
+    features = [Features("noul", torch.stack([torch.zeros(32), x]), torch.zeros(2), int(y)) for x, y in zip(points, labels)]
+    head, _ = train_head(features[:500], 32, TrainConfig(epochs=40))
+    assert _accuracy(head, features[500:]) >= 0.8
+    head.hidden_out.data.zero_()
+    assert _accuracy(head, features[500:]) < 0.65, "the linear part alone cannot have learned it"
+
+
 def test_a_head_trained_on_nouls_leaves_choices_to_the_backbone(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:
     train, _ = toy
     head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig(epochs=5, batch_size=6))
