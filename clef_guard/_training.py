@@ -69,7 +69,7 @@ class TrainConfig:
     match_lr: float = 1e-3
     """Learning rate of the wide-choice map and its scale (``up @ down`` multiplies two learned matrices)."""
     hidden_lr: float = 3e-3
-    """Learning rate of the hidden layer (``lr`` suits the linear probe, not it)."""
+    """Learning rate of the hidden layer (the shipped head trains the linear part slower, so this layer learns)."""
     weight_decay: float = 1e-3
     label_smoothing: float = 0.05
     brier_weight: float = 1.0
