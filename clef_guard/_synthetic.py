@@ -3,8 +3,12 @@
 No public set labels "is this tool call destructive?" or "did the user ask for this
 message?", so these examples are generated from templates: a conversation, a proposed
 tool call that the policy applies to, and the answer each question should get. The
-state is built with :func:`clef_guard._gate.engine_state`, exactly as the guard builds it
-at run time. Every example is a different combination of template, target and wording;
+state is built with :func:`clef_guard._gate.engine_state`, as the guard builds it at run
+time, though from ``{"role", "content"}`` turns, which render differently from LangChain
+messages (README, *Decision quality today*). Conversations name one of a few organisations
+or none (then the user says who a recipient is), requests are paraphrased, and "was it
+asked for?" has hard negatives: the same change asked for on another target, or a request
+only to look. Every example is a different combination of template, target and wording;
 duplicates are dropped and the split is seeded, so train, dev and test never share an
 example, but they do share templates: in-distribution numbers, not a measure of transfer.
 """
