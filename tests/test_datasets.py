@@ -23,6 +23,8 @@ def _splits(task: str) -> tuple[str, ...]:
 
 def _options(example: Example) -> set[str]:
     question = example.question
+    if question.type == "score":
+        return {str(level) for level in range(len(question.criteria))}
     return set(question.criteria) if question.type == "choice" else {"yes", "no"}
 
 
@@ -130,17 +132,20 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
     """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient."""
     from clef_guard._synthetic import RELATIONS
 
-    rows = [row for split in SPLITS for row in load_task("policies", split) if row.id.startswith("outbound-communication/external/")]
+    rows = [row for split in SPLITS for row in load_task("policies", split)
+            if row.id.startswith("outbound-communication/external/")]
     unnamed = 0
     for row in rows:
         to, turns = row.state["tool"]["args"]["to"], row.state["messages"]
-        system = [turn["content"] for turn in turns if turn["role"] == "system"]
+        system = [turn.content for turn in turns if turn.type == "system"]
+        (user,) = [turn.content for turn in turns if turn.type == "human"]
+        assert turns[-1].tool_calls[0]["args"] == row.state["tool"]["args"], "the AI turn that proposes the call comes last"
         if system:
             domain = re.search(r"\b[a-z-]+\.(com|io|org|dev)\b", system[0]).group()
             assert (row.label == "yes") == (not to.startswith("#") and not to.endswith("@" + domain)), row.id
         else:
             unnamed += 1
-            assert any(f"{relation} ({to})" in turns[-1]["content"] for relation in RELATIONS[row.label == "yes"]), row.id
+            assert any(f"{relation} ({to})" in user for relation in RELATIONS[row.label == "yes"]), row.id
     assert 0 < unnamed < len(rows) / 2
 
 
