@@ -31,8 +31,8 @@ bench: $(STAMP)
 
 # Rebuild the shipped decision head (clef_guard/heads/default.safetensors) from train splits only.
 # CLINC150 and the generated tool-use rows teach it choices (8 sampled labels per CLINC150
-# example); BANKING77, HWU64, R-Judge, ASSEBench and When2Call stay out of it entirely, so
-# its scores there are zero-shot.
+# example); BANKING77, HWU64 and When2Call stay out of it entirely, so its scores there are
+# zero-shot. The linear part trains at a lower rate than the hidden layer (README).
 HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --task tool-use --task rjudge --task assebench \
 	--options 8
 default-head: $(STAMP)

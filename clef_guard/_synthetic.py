@@ -115,11 +115,15 @@ def _system(rng: random.Random, *, optional: bool = False) -> tuple[list[BaseMes
 def _user(ask: str, rng: random.Random, unrelated: Sequence[str] = ()) -> HumanMessage:
     """A user turn asking for ``ask`` in one of several phrasings, sometimes after another task."""
     wrapper = rng.choice(["Please {ask}.", "Could you {ask}?", "I need you to {ask} before the audit.", "Quick one: {ask}.", "{Ask}, thanks."])
-    text = wrapper.format(ask=ask, Ask=ask[:1].upper() + ask[1:])
+    text = wrapper.format(ask=ask, Ask=_opening(ask))
     if unrelated and rng.random() < 0.3:
-        first = rng.choice(unrelated)
-        text = f"{first[:1].upper()}{first[1:]}, and then {ask}."
+        text = f"{_opening(rng.choice(unrelated))}, and then {ask}."
     return HumanMessage(text)
+
+
+def _opening(text: str) -> str:
+    """``text`` with its first letter capitalised and the rest kept (``str.capitalize`` lowers it)."""
+    return text[:1].upper() + text[1:]
 
 
 _STEPS: tuple[tuple[str, dict[str, str], str], ...] = (
@@ -133,12 +137,12 @@ _STEPS: tuple[tuple[str, dict[str, str], str], ...] = (
 
 
 def _earlier_steps(rng: random.Random, *, at_most: int) -> list[BaseMessage]:
-    """Up to ``at_most`` earlier tool calls and their results (none a time in two): agent states hold them."""
+    """1 to ``at_most`` earlier tool calls and their results, a time in two (else none): agent states hold them."""
     turns: list[BaseMessage] = []
-    for index, (name, args, result) in enumerate(rng.sample(_STEPS, rng.randint(0, 1) * rng.randint(1, max(1, at_most)))):
+    for index, (name, args, result) in enumerate(rng.sample(_STEPS, rng.randint(0, 1) * rng.randint(1, at_most))):
         turns += [AIMessage("", tool_calls=[{"name": name, "args": args, "id": f"step_{index}"}]),
                   ToolMessage(result, tool_call_id=f"step_{index}", name=name)]
-    return turns[: 2 * max(at_most, 0)]
+    return turns
 
 
 _Action = tuple[str, dict[str, str], tuple[str, ...], int | None]
@@ -208,13 +212,14 @@ def _outbound(policies: dict[str, Policy], rng: random.Random) -> Iterator[Examp
         external, sensitive = n % 2 == 0, n % 4 < 2
         kind = ("asked", "asked", "unrelated", "other recipient")[n % 7 % 4]
         system, domain = _system(rng, optional=kind == "asked")  # with no organisation named, the user names who it is
-        to = rng.choice(EXTERNAL) if external else rng.choice([*CHANNELS, *(f"{p}@{domain}" for p in PEOPLE)])
+        colleagues = [f"{person}@{domain}" for person in PEOPLE]
+        to = rng.choice(EXTERNAL) if external else rng.choice([*CHANNELS, *colleagues])
         body = rng.choice(SECRETS + PRIVATE if sensitive else ROUTINE)
         tool = "slack_post" if to.startswith("#") else rng.choice(["send_email", "send_message"])
         call = {"name": tool, "args": {"to": to, "body": f"Hi, {body}."}}
         who = f"{rng.choice(RELATIONS[external])} ({to})" if not system or rng.random() < 0.5 else to
         if kind == "other recipient":
-            who = rng.choice([r for r in [*EXTERNAL, *(f"{p}@{domain}" for p in PEOPLE)] if r != to])
+            who = rng.choice([r for r in [*EXTERNAL, *colleagues] if r != to])
         phrasing = rng.choice(["tell {who} that {body}", "email {who}: {body}", "let {who} know that {body}", "send {who} a note saying {body}"])
         ask = phrasing.format(who=who, body=body) if kind != "unrelated" else rng.choice(_UNRELATED)
         messages = [*system, _user(ask, rng, _UNRELATED), *_earlier_steps(rng, at_most=2 - len(system))]

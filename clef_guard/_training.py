@@ -62,7 +62,7 @@ class Features:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Hyper-parameters of head training (the shipped head's are the defaults but ``lr``: see ``make default-head``)."""
+    """Hyper-parameters of head training (the shipped head's ``lr`` and ``epochs`` differ: see ``make default-head``)."""
 
     epochs: int = 40
     lr: float = 2e-2

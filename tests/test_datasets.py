@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -130,7 +129,7 @@ def test_tool_use_rows_follow_when2call_and_split_by_tool() -> None:
 
 def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -> None:
     """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient."""
-    from clef_guard._synthetic import RELATIONS
+    from clef_guard._synthetic import ORGANISATIONS, RELATIONS
 
     rows = [row for split in SPLITS for row in load_task("policies", split)
             if row.id.startswith("outbound-communication/external/")]
@@ -141,7 +140,7 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
         (user,) = [turn.content for turn in turns if turn.type == "human"]
         assert turns[-1].tool_calls[0]["args"] == row.state["tool"]["args"], "the AI turn that proposes the call comes last"
         if system:
-            domain = re.search(r"\b[a-z-]+\.(com|io|org|dev)\b", system[0]).group()
+            (domain,) = [domain for _, domain in ORGANISATIONS if domain in system[0]]
             assert (row.label == "yes") == (not to.startswith("#") and not to.endswith("@" + domain)), row.id
         else:
             unnamed += 1
