@@ -23,8 +23,8 @@ when serving, so a rerun only pays for what is new.
 - tool-use: "how should the assistant answer, given its tools?", a head trained on the
   generated ``tool-use`` rows (its train tools; dev tools calibrate) and scored on its test
   tools and on When2Call (``--limit`` rows), which it never saw.
-- calibrated: the shipped head with its temperatures fitted on each task's own dev split
-  (``clef-guard calibrate --task T --split dev``), scored on that task's test split.
+- calibrated: the shipped head with a temperature per question fitted on every task's dev
+  split (``clef-guard calibrate --task T ... --split dev``), scored on each test split.
 - shipped: no training; the shipped head (and ``--head``, a candidate to replace it)
   against the backbone alone on every task's test split that has one (``--limit`` rows).
 """
@@ -68,12 +68,11 @@ class Part:
 @dataclass(frozen=True)
 class Recipe:
     """A head trained on ``train`` (the shipped head when empty), its temperatures fitted on
-    ``calibrate``, scored on the suite's tests (only those of ``scored_on`` when given)."""
+    ``calibrate``, scored on the suite's tests."""
 
     name: str
     train: tuple[Part, ...]
     calibrate: tuple[Part, ...]
-    scored_on: str | None = None
 
 
 SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated")
@@ -103,8 +102,8 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
     if name == "shipped":
         return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
     if name == "calibrated":
-        recipes = [Recipe(f"shipped, T on {task} dev", (), (Part(task, "dev", limit),), task) for task in shipped]
-        return recipes, [Part(task, "test", limit) for task in shipped]
+        recipe = Recipe("shipped, T per question on dev", (), tuple(Part(task, "dev", limit) for task in shipped))
+        return [recipe], [Part(task, "test", limit) for task in shipped]
     raise SystemExit(f"unknown suite {name!r}: {', '.join(SUITES)}")
 
 
@@ -132,7 +131,6 @@ def main() -> None:
     if args.head:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
-    scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
     for recipe in recipes:
         started = time.perf_counter()
         if recipe.train:
@@ -147,8 +145,6 @@ def main() -> None:
     for part in tests:
         rows, features = read(part)
         for name, head in heads.items():
-            if scored_on.get(name, part.task) != part.task:
-                continue
             distributions = [p.tolist() for p in predict(head, features)]
             results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ from clef_guard._datasets import Example, load_task, sample_options
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
 from clef_guard._evaluation import SparrowDecisionModel, evaluate
-from clef_guard._head import HEAD_FILE, DecisionHead
+from clef_guard._head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard._requests import parse_questions
 from clef_guard._training import (
     AdapterConfig,
@@ -177,7 +178,7 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     examples = _examples(args)
     features = _features(args, engine, examples, console, "reading the calibration split")
     before = predict(head, features)
-    temperatures = calibrate_head(head, features)
+    temperatures = calibrate_head(head, features, per_question=not args.per_type)
     after = predict(head, features)
     head.save(args.head)
     confidences = [float(p.max()) for p in after]
@@ -189,7 +190,8 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
         "data": [str(d) for d in args.data],
         "split": args.split,
         "n": len(features),
-        "temperatures": temperatures,
+        "temperatures": {name: t for name, t in temperatures.items() if name in READINGS},
+        "question_temperatures": _question_temperatures(examples, features, temperatures),
         "before": _quality(before, features),
         "after": _quality(after, features),
         "threshold": {
@@ -214,6 +216,16 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     args.out.write_text(yaml.safe_dump({"version": 1, "policies": policies, "report": report}, sort_keys=False))
     _print(report, args.json, console, "calibrated")
     return 0
+
+
+def _question_temperatures(examples: list[Example], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:
+    """Each question fitted on its own: its key, instructions (shortened), examples and temperature."""
+    asked: dict[str, tuple[str, int]] = {}
+    for example, f in zip(examples, features, strict=True):
+        if f.question in temperatures:
+            text, n = asked.get(f.question, (textwrap.shorten(str(example.question.instructions), 80), 0))
+            asked[f.question] = (text, n + 1)
+    return [{"key": key, "question": text, "n": n, "temperature": temperatures[key]} for key, (text, n) in asked.items()]
 
 
 def _eval(args: argparse.Namespace, console: Console) -> int:

@@ -33,7 +33,7 @@ Notes per task:
   make ``cannot_answer`` rows, so it is not used).
 - assebench, rjudge: the state is the agent's profile as a ``system`` turn, then every
   turn of every episode as ``{"role", "content"}`` with the source roles (``user``,
-  ``agent``, ``environment``); an agent turn reads its thought, then ``Action: <action>``.
+  ``agent``, ``environment``), which the engine reads as messages; an agent turn reads its thought, then ``Action: <action>``.
   Turns with no text are left out. The label is the ``label`` field (1 = unsafe).
 - injecguard: attacks are the BIPIA text and code instructions (written to be injected
   into external content, so some read as plain requests on their own), benign texts the

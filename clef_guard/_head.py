@@ -26,10 +26,14 @@ many-way choice then costs one question plus cached option vectors.
 Every reading has its own weights and a temperature, so learning choices does not cost
 yes/no accuracy, and a reading the head was never trained on reads the backbone alone
 (``w = 0``, ``v = 0``, ``U = 0``, ``lm_weight = 1``, temperature 1), as an engine without a head does.
+A question calibrated on enough labeled answers has its own temperature
+(:attr:`DecisionHead.question_temperatures`, by :attr:`ParsedQuestion.key`), which
+replaces its reading's.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -86,17 +90,25 @@ class DecisionHead(nn.Module):
         self.hidden_in = nn.Linear(hidden_size, HIDDEN_WIDTH)
         self.hidden_out = nn.Parameter(torch.zeros(len(READINGS), HIDDEN_WIDTH))
         self.dropout = nn.Dropout(_DROPOUT)
+        self.question_temperatures: dict[str, float] = {}
+        """Temperature of each question calibrated on its own, by question key; others use their reading's."""
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
     def forward(
-        self, hidden: torch.Tensor, lm_logprob: torch.Tensor, reading: str, query: torch.Tensor | None = None
+        self,
+        hidden: torch.Tensor,
+        lm_logprob: torch.Tensor,
+        reading: str,
+        query: torch.Tensor | None = None,
+        question: str | None = None,
     ) -> torch.Tensor:
         """Option logits for one question: ``hidden`` is ``[n, H]``, ``lm_logprob`` ``[n]``.
 
         ``query`` (``[H]``) is required for the ``wide`` reading and ignored otherwise. A wide
         choice also takes a batch of questions over the same options: ``query`` ``[B, H]`` and
-        ``lm_logprob`` ``[B, n]`` give ``[B, n]`` logits.
+        ``lm_logprob`` ``[B, n]`` give ``[B, n]`` logits. ``question`` (a question's key)
+        picks its own temperature where it has one.
         """
         k = READINGS.index(reading)
         hidden = hidden.to(self.proj.weight.dtype)
@@ -110,6 +122,8 @@ class DecisionHead(nn.Module):
             shared = nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden))))
             raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.dropout(shared) @ self.hidden_out[k]
             raw = raw + self.lm_weight[k] * lm_logprob
+        if question in self.question_temperatures:
+            return raw / self.question_temperatures[question]
         return raw / self.log_temperature[k].exp()
 
     def wide_map(self, vectors: torch.Tensor) -> torch.Tensor:
@@ -122,7 +136,10 @@ class DecisionHead(nn.Module):
         for unused, names in ((not self.match_up.any(), _MATCH), (not self.hidden_out.any(), _HIDDEN)):
             if unused:  # an untrained wide map is the identity, an untrained hidden layer adds 0: load recreates them
                 tensors = {name: value for name, value in tensors.items() if name not in names}
-        save_file(tensors, str(path), metadata={"format": _FORMAT, "hidden_size": str(self.hidden_size)})
+        metadata = {"format": _FORMAT, "hidden_size": str(self.hidden_size)}
+        if self.question_temperatures:
+            metadata["question_temperatures"] = json.dumps(self.question_temperatures, sort_keys=True)
+        save_file(tensors, str(path), metadata=metadata)
 
     @classmethod
     def load(cls, path: str | Path, hidden_size: int) -> DecisionHead:
@@ -130,8 +147,10 @@ class DecisionHead(nn.Module):
         try:
             tensors = load_file(str(path))
             with safe_open(str(path), "pt") as handle:
-                file_format = (handle.metadata() or {}).get("format")
-        except (OSError, ValueError) as exc:
+                metadata = handle.metadata() or {}
+            file_format = metadata.get("format")
+            question_temperatures = {str(k): float(t) for k, t in json.loads(metadata.get("question_temperatures", "{}")).items()}
+        except (OSError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"cannot read decision head {str(path)!r}: {exc}") from exc
         width = tensors.get("proj.weight", torch.empty(0, 0)).shape[-1]
         if width != hidden_size:
@@ -155,4 +174,5 @@ class DecisionHead(nn.Module):
         for name in (*_MATCH, *_HIDDEN):  # absent when older, or saved untrained (see save)
             tensors.setdefault(name, fresh[name])
         head.load_state_dict(tensors)
+        head.question_temperatures = question_temperatures
         return head.eval()  # a loaded head answers: no dropout

@@ -7,6 +7,8 @@ question id and the field at fault.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +39,12 @@ class ParsedQuestion:
     options: tuple[str, ...]
     descriptions: tuple[JsonValue, ...]
     source: Noul | Choice | Score
+
+    @property
+    def key(self) -> str:
+        """What the question asks, independent of its id: kind, instructions, options and their descriptions."""
+        body = json.dumps([self.kind, self.instructions, self.options, self.descriptions], sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def parse_questions(questions: Any) -> list[ParsedQuestion]:

@@ -11,7 +11,11 @@ The format, fixed and documented so users can predict what the engine reads:
 - a message is one segment: ``"<role>: <text>"``, then one line
   ``"tool_call <name> <json args>"`` per proposed tool call; a tool result reads
   ``"tool <name>: <text>"``; non-text content blocks show as ``[<type>]``;
-- a mapping is rendered key by key in sorted order, ``"<key>:"`` then its value;
+- a mapping with a string ``role`` and a ``content`` (and at most ``name``, ``tool_calls``,
+  ``tool_call_id``, ``id``) is a message in dict form, OpenAI's or LangChain's, and reads
+  as that message; a role LangChain does not know (``agent``, ``environment``) is kept
+  as written;
+- any other mapping is rendered key by key in sorted order, ``"<key>:"`` then its value;
 - a sequence is rendered item by item; messages and nested containers keep their own
   segments, scalars are written as JSON.
 
@@ -24,11 +28,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ChatMessage, convert_to_messages
 
 from clef_guard._errors import RequestError
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "id"})
 
 
 def state_segments(state: Any) -> list[str]:
@@ -45,7 +50,7 @@ def to_json(value: Any) -> str:
 
 def render_message(message: BaseMessage) -> str:
     """One message as ``role: text`` plus its tool calls, one per line."""
-    role = _ROLES.get(message.type, message.type)
+    role = message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type)
     if role == "tool" and getattr(message, "name", None):
         role = f"tool {message.name}"
     lines = [f"{role}: {content_text(message.content)}"]
@@ -76,6 +81,8 @@ def _render(value: Any, out: list[str], path: str) -> None:
         out.append(value)
     elif isinstance(value, BaseMessage):
         out.append(render_message(value))
+    elif isinstance(value, Mapping) and (message := _as_message(value)) is not None:
+        out.append(render_message(message))
     elif isinstance(value, Mapping):
         for key in sorted(value, key=str):
             out.append(f"{key}:")
@@ -91,6 +98,18 @@ def _render(value: Any, out: list[str], path: str) -> None:
             "LangChain messages",
             field=path,
         )
+
+
+def _as_message(value: Mapping[str, Any]) -> BaseMessage | None:
+    """The message a role/content mapping stands for, or ``None`` when it is other data."""
+    if not isinstance(value.get("role"), str) or "content" not in value or not set(value) <= _MESSAGE_KEYS:
+        return None
+    try:
+        return convert_to_messages([dict(value)])[0]
+    except (KeyError, ValueError):  # a role LangChain does not know, or a tool result without its call id
+        if set(value) <= {"role", "content"}:
+            return ChatMessage(role=value["role"], content=value["content"])
+        return None
 
 
 def _json_default(value: Any) -> Any:

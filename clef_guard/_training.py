@@ -32,10 +32,10 @@ from clef_guard._backbone import cache_dir
 from clef_guard._datasets import Example
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
-from clef_guard._calibration import fit_temperature
+from clef_guard._calibration import MIN_TEMPERATURE_EXAMPLES, fit_temperature
 from clef_guard._head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard._requests import parse_questions
-from clef_guard._state import to_json
+from clef_guard._state import state_segments, to_json
 
 
 _SAVE_EVERY = 30.0
@@ -54,10 +54,12 @@ class Features:
     label: int
     query: torch.Tensor | None = None
     """Stored for wide choices only, the one reading whose head uses it."""
+    question: str | None = None
+    """The question's key (:attr:`ParsedQuestion.key`), for its own temperature."""
 
     def logits(self, head: DecisionHead) -> torch.Tensor:
         """The option logits ``head`` gives these features."""
-        return head(self.hidden, self.lm_logprob, self.reading, self.query)
+        return head(self.hidden, self.lm_logprob, self.reading, self.query, self.question)
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def extract_features(
             hidden = floats[hidden]
         else:
             hidden = hidden.float()
-        features.append(Features(reading, hidden, entry["lm_logprob"], entry["label"], query))
+        features.append(Features(reading, hidden, entry["lm_logprob"], entry["label"], query, parsed.key))
         if on_progress:
             on_progress(done, len(examples))
     if fresh:
@@ -168,13 +170,13 @@ def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.T
     shared: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for index, item in enumerate(batch):
         if item.reading == "wide" and item.query is not None:
-            shared.setdefault(id(item.hidden), []).append((index, item.query))
+            shared.setdefault((id(item.hidden), item.question), []).append((index, item.query))
         else:
             logits[index] = item.logits(head)
     for group in shared.values():
         options = batch[group[0][0]].hidden
         scores = torch.stack([batch[index].lm_logprob for index, _ in group])
-        rows = head(options, scores, "wide", torch.stack([query for _, query in group]))
+        rows = head(options, scores, "wide", torch.stack([query for _, query in group]), batch[group[0][0]].question)
         logits.update((index, row) for (index, _), row in zip(group, rows, strict=True))
     return [logits[index] for index in range(len(batch))]
 
@@ -384,20 +386,32 @@ class _FrozenLayers:
             handle.remove()
 
 
-def calibrate_head(head: DecisionHead, features: Sequence[Features]) -> dict[str, float]:
-    """Fit the head's temperature per reading on ``features`` (a dev split), in place.
+def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_question: bool = True) -> dict[str, float]:
+    """Fit the head's temperatures on ``features`` (a dev split), in place.
 
-    Readings with too few examples keep temperature 1 (see :func:`fit_temperature`);
-    returns the temperature of every reading present.
+    Each reading gets one temperature; with ``per_question``, so does each question with
+    at least :data:`MIN_TEMPERATURE_EXAMPLES` examples (its own replaces its reading's).
+    Readings with fewer keep temperature 1 (see :func:`fit_temperature`). Returns the
+    temperature of every reading present, then of every question fitted (by key).
     """
-    temperatures = {}
     with torch.no_grad():
         head.log_temperature.zero_()
+        head.question_temperatures = {}
+        raw = _batch_logits(head, features)
+        members: dict[str, list[int]] = {}  # a reading's examples, then a question's (keys are 16 hex digits)
+        for index, f in enumerate(features):
+            members.setdefault(f.reading, []).append(index)
+            if per_question and f.question is not None:
+                members.setdefault(f.question, []).append(index)
+        temperatures = {
+            name: fit_temperature([raw[i] for i in mine], [features[i].label for i in mine])
+            for name, mine in members.items()
+            if name in READINGS or len(mine) >= MIN_TEMPERATURE_EXAMPLES
+        }
         for index, reading in enumerate(READINGS):
-            mine = [f for f in features if f.reading == reading]
-            if mine:
-                temperatures[reading] = fit_temperature(_batch_logits(head, mine), [f.label for f in mine])
+            if reading in temperatures:
                 head.log_temperature[index] = math.log(temperatures[reading])
+        head.question_temperatures = {k: t for k, t in temperatures.items() if k not in READINGS}
     return temperatures
 
 
@@ -418,7 +432,8 @@ def _backbone_key(engine: LocalDecisionModel) -> str:
 
 
 def _example_key(example: Example) -> str:
-    body = to_json({"state": example.state, "question": example.question.model_dump()})
+    """Key of an example's features: the text the engine reads and the question (a new rendering is a new key)."""
+    body = to_json({"state": state_segments(example.state), "question": example.question.model_dump()})
     return hashlib.sha256(body.encode()).hexdigest()
 
 

@@ -127,6 +127,10 @@ def _add_training_commands(commands: Any) -> None:
     calibrate.add_argument("--task", action="append", default=[], help="a task's split to calibrate on (repeat)")
     calibrate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     calibrate.add_argument("--split", default="dev")
+    calibrate.add_argument(
+        "--per-type", action="store_true",
+        help="one temperature per question kind only (default: also one per question with 30 or more examples)",
+    )
     calibrate.add_argument("--target-error", type=float, default=0.01)
     calibrate.add_argument("--confidence", type=float, default=0.95)
     calibrate.add_argument("--out", type=Path, default=Path("calibration.yaml"), help="calibration file to write")

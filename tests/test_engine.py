@@ -73,6 +73,36 @@ def test_answers_depend_on_the_state(engine: LocalDecisionModel) -> None:
     assert _max_delta(calm, alarm) > 1e-3
 
 
+def test_messages_as_dicts_read_as_the_messages(engine: LocalDecisionModel) -> None:
+    """OpenAI- and LangChain-style role/content dicts are the same messages to the engine."""
+    messages = [
+        HumanMessage("Delete the staging bucket."),
+        AIMessage("", tool_calls=[{"name": "delete_bucket", "args": {"name": "staging"}, "id": "c1"}]),
+    ]
+    dicts = [
+        {"role": "user", "content": "Delete the staging bucket."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "delete_bucket", "arguments": '{"name": "staging"}'}}],
+        },
+    ]
+    as_messages = _probabilities(engine.invoke({"state": {"messages": messages}, "questions": QUESTIONS}))
+    as_dicts = _probabilities(engine.invoke({"state": {"messages": dicts}, "questions": QUESTIONS}))
+    assert _max_delta(as_messages, as_dicts) < 1e-6
+    # a role LangChain does not know is kept as written, and other mappings stay data
+    agent = [{"role": "agent", "content": "Action: rm -rf /"}]
+    data = [{"role": "agent", "content": "Action: rm -rf /", "step": 3}]
+    assert _max_delta(
+        _probabilities(engine.invoke({"state": agent, "questions": QUESTIONS})),
+        _probabilities(engine.invoke({"state": "agent: Action: rm -rf /", "questions": QUESTIONS})),
+    ) < 1e-6
+    assert _max_delta(
+        _probabilities(engine.invoke({"state": agent, "questions": QUESTIONS})),
+        _probabilities(engine.invoke({"state": data, "questions": QUESTIONS})),
+    ) > 1e-4
+
+
 def test_choice_of_255_multi_token_labels_ignores_option_order(engine: LocalDecisionModel) -> None:
     labels = [f"l{i}{'xz' * (i % 3)}" for i in range(255)]  # most labels span several tokens
     shuffled = labels[:]

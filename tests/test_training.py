@@ -13,8 +13,10 @@ from clef_guard._datasets import Example
 from clef_guard._requests import parse_questions
 from clef_guard._training import (
     AdapterConfig,
+    Features,
     TrainConfig,
     _FrozenLayers,
+    calibrate_head,
     extract_features,
     option_loss,
     predict,
@@ -60,8 +62,6 @@ def test_training_lowers_the_loss_and_beats_chance(engine: LocalDecisionModel, t
 
 def test_the_hidden_layer_learns_a_rule_no_linear_probe_can() -> None:
     """Yes when exactly one of two feature directions is positive (XOR): a linear probe is at chance."""
-    from clef_guard._training import Features
-
     generator = torch.Generator().manual_seed(0)
     points = 0.3 * torch.randn(600, 32, generator=generator)  # 30 weak noise directions keep the layer norm honest
     points[:, :2] = torch.randn(600, 2, generator=generator)
@@ -71,6 +71,33 @@ def test_the_hidden_layer_learns_a_rule_no_linear_probe_can() -> None:
     assert _accuracy(head, features[500:]) >= 0.8
     head.hidden_out.data.zero_()
     assert _accuracy(head, features[500:]) < 0.65, "the linear part alone cannot have learned it"
+
+
+def test_each_question_gets_its_own_temperature_through_the_file_and_the_engine(engine: LocalDecisionModel, tmp_path: Path) -> None:
+    """An untrained head reads the backbone's log-probabilities: one question's are right but too soft,
+    another's sharp but wrong half the time; per question, each gets the temperature it needs."""
+    generator = torch.Generator().manual_seed(0)
+    width, features = engine.backbone.hidden_size, []
+    for i in range(80):
+        label = i % 2
+        soft = torch.tensor([0.0, 0.2]) if label else torch.tensor([0.2, 0.0])
+        sharp = torch.tensor([0.0, 4.0]) if torch.rand(1, generator=generator) < 0.5 else torch.tensor([4.0, 0.0])
+        features += [Features("noul", torch.zeros(2, width), soft, label, question="soft"),
+                     Features("noul", torch.zeros(2, width), sharp, label, question="sharp")]
+    head = DecisionHead(width)
+    temperatures = calibrate_head(head, features)
+    assert temperatures["soft"] < 0.1 and temperatures["sharp"] > 5 and set(temperatures) == {"noul", "soft", "sharp"}
+    assert set(calibrate_head(DecisionHead(width), features, per_question=False)) == {"noul"}
+
+    (question,) = parse_questions({"animal": QUESTION})
+    head.question_temperatures = {question.key: 0.25}
+    head.save(tmp_path / "head.safetensors")
+    assert DecisionHead.load(tmp_path / "head.safetensors", width).question_temperatures == {question.key: 0.25}
+    request = {"state": "A fox ran across the road.", "questions": {"renamed": QUESTION}}  # the key ignores the id
+    tuned = LocalDecisionModel(head=str(tmp_path / "head.safetensors")).invoke(request).nouls["renamed"].noul
+    backbone = LocalDecisionModel(default_head=False).invoke(request).nouls["renamed"].noul
+    logit = torch.logit(torch.tensor([tuned, backbone], dtype=torch.float64))
+    assert float(logit[0]) == pytest.approx(4 * float(logit[1]), rel=1e-3)
 
 
 def test_a_head_trained_on_nouls_leaves_choices_to_the_backbone(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:
