@@ -167,7 +167,7 @@ def batch_loss(
 def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.Tensor]:
     """Each item's logits; wide items that share a question's option vectors go through ``head`` at once."""
     logits: dict[int, torch.Tensor] = {}
-    shared: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    shared: dict[tuple[int, str | None], list[tuple[int, torch.Tensor]]] = {}  # by options and question
     for index, item in enumerate(batch):
         if item.reading == "wide" and item.query is not None:
             shared.setdefault((id(item.hidden), item.question), []).append((index, item.query))

@@ -38,5 +38,6 @@ def print_verdict(verdict: Verdict) -> None:
             elif answer.type == "choice":
                 shown.append(f"{qid}={answer.choice} ({answer.confidence:.2f})")
             else:
-                shown.append(f"{qid}={answer.score:.2f}")
+                level = max(answer.probabilities, key=answer.probabilities.__getitem__)  # rules read the expected level
+                shown.append(f"{qid}={answer.score:.3f} (most likely {level}, {answer.probabilities[level]:.2f})")
         console.print(f"    {decision.policy}: {decision.action}; " + ", ".join(shown), style="dim", highlight=False)
