@@ -47,6 +47,9 @@ def brier_score(probabilities: Sequence[Sequence[float]], labels: Sequence[int])
 
 MIN_TEMPERATURE_EXAMPLES = 30
 """Fewer examples than this keep temperature 1: a handful of right answers drives it to 0."""
+MIN_QUESTION_ERRORS = 5
+"""A question gets a temperature of its own only with this many wrong answers among its
+examples: with none the fit drives it to the floor of the range, and a few make it noise."""
 TEMPERATURE_RANGE = (0.05, 20.0)
 
 

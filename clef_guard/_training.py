@@ -32,7 +32,7 @@ from clef_guard._backbone import cache_dir
 from clef_guard._datasets import Example
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
-from clef_guard._calibration import MIN_TEMPERATURE_EXAMPLES, fit_temperature
+from clef_guard._calibration import MIN_QUESTION_ERRORS, MIN_TEMPERATURE_EXAMPLES, fit_temperature
 from clef_guard._head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard._requests import parse_questions
 from clef_guard._state import state_segments, to_json
@@ -390,7 +390,8 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_ques
     """Fit the head's temperatures on ``features`` (a dev split), in place.
 
     Each reading gets one temperature; with ``per_question``, so does each question with
-    at least :data:`MIN_TEMPERATURE_EXAMPLES` examples (its own replaces its reading's).
+    at least :data:`MIN_TEMPERATURE_EXAMPLES` examples of which :data:`MIN_QUESTION_ERRORS`
+    are answered wrong (its own replaces its reading's).
     Readings with fewer keep temperature 1 (see :func:`fit_temperature`). Returns the
     temperature of every reading present, then of every question fitted (by key).
     """
@@ -403,10 +404,11 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_ques
             members.setdefault(f.reading, []).append(index)
             if per_question and f.question is not None:
                 members.setdefault(f.question, []).append(index)
+        wrong = {i for i, f in enumerate(features) if int(raw[i].argmax()) != f.label}
         temperatures = {
             name: fit_temperature([raw[i] for i in mine], [features[i].label for i in mine])
             for name, mine in members.items()
-            if name in READINGS or len(mine) >= MIN_TEMPERATURE_EXAMPLES
+            if name in READINGS or (len(mine) >= MIN_TEMPERATURE_EXAMPLES and len(wrong.intersection(mine)) >= MIN_QUESTION_ERRORS)
         }
         for index, reading in enumerate(READINGS):
             if reading in temperatures:

@@ -129,7 +129,8 @@ def _add_training_commands(commands: Any) -> None:
     calibrate.add_argument("--split", default="dev")
     calibrate.add_argument(
         "--per-type", action="store_true",
-        help="one temperature per question kind only (default: also one per question with 30 or more examples)",
+        help="one temperature per question kind only (default: also one per question with 30 or more examples, "
+        "5 or more of them answered wrong)",
     )
     calibrate.add_argument("--target-error", type=float, default=0.01)
     calibrate.add_argument("--confidence", type=float, default=0.95)

@@ -74,19 +74,22 @@ def test_the_hidden_layer_learns_a_rule_no_linear_probe_can() -> None:
 
 
 def test_each_question_gets_its_own_temperature_through_the_file_and_the_engine(engine: LocalDecisionModel, tmp_path: Path) -> None:
-    """An untrained head reads the backbone's log-probabilities: one question's are right but too soft,
-    another's sharp but wrong half the time; per question, each gets the temperature it needs."""
+    """An untrained head reads the backbone's log-probabilities: one question's are mostly right but too
+    soft, another's sharp but wrong half the time, a third's always right; per question, the first two get
+    the temperature they need, and the third keeps its reading's (with no errors the fit would run to 0)."""
     generator = torch.Generator().manual_seed(0)
     width, features = engine.backbone.hidden_size, []
     for i in range(80):
         label = i % 2
-        soft = torch.tensor([0.0, 0.2]) if label else torch.tensor([0.2, 0.0])
+        right = torch.tensor([0.0, 0.2]) if label else torch.tensor([0.2, 0.0])
+        soft = right if i % 8 else right.flip(0)
         sharp = torch.tensor([0.0, 4.0]) if torch.rand(1, generator=generator) < 0.5 else torch.tensor([4.0, 0.0])
         features += [Features("noul", torch.zeros(2, width), soft, label, question="soft"),
-                     Features("noul", torch.zeros(2, width), sharp, label, question="sharp")]
+                     Features("noul", torch.zeros(2, width), sharp, label, question="sharp"),
+                     Features("noul", torch.zeros(2, width), right, label, question="right")]
     head = DecisionHead(width)
     temperatures = calibrate_head(head, features)
-    assert temperatures["soft"] < 0.1 and temperatures["sharp"] > 5 and set(temperatures) == {"noul", "soft", "sharp"}
+    assert temperatures["soft"] < 0.2 and temperatures["sharp"] > 5 and set(temperatures) == {"noul", "soft", "sharp"}
     assert set(calibrate_head(DecisionHead(width), features, per_question=False)) == {"noul"}
 
     (question,) = parse_questions({"animal": QUESTION})
