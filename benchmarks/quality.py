@@ -73,6 +73,7 @@ class Recipe:
     name: str
     train: tuple[Part, ...]
     calibrate: tuple[Part, ...]
+    per_question: bool = False
 
 
 SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated")
@@ -102,7 +103,7 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
     if name == "shipped":
         return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
     if name == "calibrated":
-        recipe = Recipe("shipped, T per question on dev", (), tuple(Part(task, "dev", limit) for task in shipped))
+        recipe = Recipe("shipped, T per question on dev", (), tuple(Part(task, "dev", limit) for task in shipped), True)
         return [recipe], [Part(task, "test", limit) for task in shipped]
     raise SystemExit(f"unknown suite {name!r}: {', '.join(SUITES)}")
 
@@ -138,7 +139,7 @@ def main() -> None:
             head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig())
         else:
             head = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
-        calibrate_head(head, [f for part in recipe.calibrate for f in read(part)[1]])
+        calibrate_head(head, [f for part in recipe.calibrate for f in read(part)[1]], per_question=recipe.per_question)
         heads[recipe.name] = head
         seconds[recipe.name] = time.perf_counter() - started
     results = []

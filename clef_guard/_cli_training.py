@@ -178,7 +178,7 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     examples = _examples(args)
     features = _features(args, engine, examples, console, "reading the calibration split")
     before = predict(head, features)
-    temperatures = calibrate_head(head, features, per_question=not args.per_type)
+    temperatures = calibrate_head(head, features, per_question=args.per_question)
     after = predict(head, features)
     head.save(args.head)
     confidences = [float(p.max()) for p in after]

@@ -386,7 +386,7 @@ class _FrozenLayers:
             handle.remove()
 
 
-def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_question: bool = True) -> dict[str, float]:
+def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_question: bool = False) -> dict[str, float]:
     """Fit the head's temperatures on ``features`` (a dev split), in place.
 
     Each reading gets one temperature; with ``per_question``, so does each question with

@@ -128,9 +128,9 @@ def _add_training_commands(commands: Any) -> None:
     calibrate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     calibrate.add_argument("--split", default="dev")
     calibrate.add_argument(
-        "--per-type", action="store_true",
-        help="one temperature per question kind only (default: also one per question with 30 or more examples, "
-        "5 or more of them answered wrong)",
+        "--per-question", action="store_true",
+        help="also fit one temperature per question with 30 or more examples, 5 or more of them answered wrong "
+        "(default: one per question kind)",
     )
     calibrate.add_argument("--target-error", type=float, default=0.01)
     calibrate.add_argument("--confidence", type=float, default=0.95)

@@ -88,9 +88,9 @@ def test_each_question_gets_its_own_temperature_through_the_file_and_the_engine(
                      Features("noul", torch.zeros(2, width), sharp, label, question="sharp"),
                      Features("noul", torch.zeros(2, width), right, label, question="right")]
     head = DecisionHead(width)
-    temperatures = calibrate_head(head, features)
+    temperatures = calibrate_head(head, features, per_question=True)
     assert temperatures["soft"] < 0.2 and temperatures["sharp"] > 5 and set(temperatures) == {"noul", "soft", "sharp"}
-    assert set(calibrate_head(DecisionHead(width), features, per_question=False)) == {"noul"}
+    assert set(calibrate_head(DecisionHead(width), features)) == {"noul"}
 
     (question,) = parse_questions({"animal": QUESTION})
     head.question_temperatures = {question.key: 0.25}
