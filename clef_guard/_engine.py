@@ -307,7 +307,8 @@ class LocalDecisionModel(BaseDecisionModel):
         """Option logits for one question: the head's, or the backbone's log-probabilities."""
         if self._head is None:
             return features.lm_logprob.float()
-        return self._head(features.hidden, features.lm_logprob.float(), features.reading, features.query, features.question.key)
+        question = features.question.key if self._head.question_temperatures else None  # hashed only when it can matter
+        return self._head(features.hidden, features.lm_logprob.float(), features.reading, features.query, question)
 
     def encode(self, state: State, questions: Sequence[ParsedQuestion]) -> EncodedRequest:
         """Run the backbone once over ``state`` and every option of ``questions``.

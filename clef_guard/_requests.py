@@ -8,7 +8,6 @@ question id and the field at fault.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +16,7 @@ from langchain_core.decisions import Box, Choice, Noul, Question, Score
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from clef_guard._errors import RequestError, UnsupportedQuestionError
+from clef_guard._state import to_json
 
 MIN_QUESTIONS = 1
 MAX_QUESTIONS = 64
@@ -43,7 +43,7 @@ class ParsedQuestion:
     @property
     def key(self) -> str:
         """What the question asks, independent of its id: kind, instructions, options and their descriptions."""
-        body = json.dumps([self.kind, self.instructions, self.options, self.descriptions], sort_keys=True, ensure_ascii=False)
+        body = to_json([self.kind, self.instructions, self.options, self.descriptions])
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
