@@ -152,10 +152,11 @@ def main() -> None:
         print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
         return
     table = Table(title=f"quality: {args.suite}")
-    for column in ("test", "head", "n", "accuracy", "macro_f1", "ece", "brier"):
+    metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier")
+    for column in ("test", "head", "n", *metrics):
         table.add_column(column)
     for r in results:
-        table.add_row(r["test"], r["head"], str(r["n"]), *(f"{r[k]:.3f}" for k in ("accuracy", "macro_f1", "ece", "brier")))
+        table.add_row(r["test"], r["head"], str(r["n"]), *(f"{r[k]:.3f}" for k in metrics))
     Console().print(table)
 
 

@@ -25,6 +25,7 @@ from clef_guard._calibration import (
     choose_threshold,
     expected_calibration_error,
     reliability_diagram,
+    sampling_ece,
 )
 from clef_guard._datasets import Example, load_task, sample_options
 from clef_guard._engine import LocalDecisionModel
@@ -253,10 +254,12 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
         return 0
     table = Table(title=f"{args.task} ({args.split}, n={len(examples)})")
-    for column in ("engine", "accuracy", "macro_f1", "ece", "brier", "p50_ms"):
-        table.add_column(column, justify="left" if column == "engine" else "right")
+    metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "p50_ms")
+    table.add_column("engine")
+    for column in metrics:
+        table.add_column(column, justify="right")
     for r in results:
-        table.add_row(r["engine"], *(f"{r[k]:.4f}" if k != "p50_ms" else f"{r[k]:.1f}" for k in ("accuracy", "macro_f1", "ece", "brier", "p50_ms")))
+        table.add_row(r["engine"], *(f"{r[k]:.4f}" if k != "p50_ms" else f"{r[k]:.1f}" for k in metrics))
     console.print(table)
     return 0
 
@@ -267,6 +270,7 @@ def _quality(probabilities: list[torch.Tensor], features: list[Features]) -> dic
     return {
         "accuracy": _accuracy(probabilities, features),
         "ece": expected_calibration_error(confidences, correct),
+        "ece_noise": sampling_ece(confidences),
         "brier": brier_score([p.tolist() for p in probabilities], [f.label for f in features]),
     }
 

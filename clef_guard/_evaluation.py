@@ -15,7 +15,7 @@ from typing import Any
 
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, Question, State
 
-from clef_guard._calibration import brier_score, expected_calibration_error
+from clef_guard._calibration import brier_score, expected_calibration_error, sampling_ece
 from clef_guard._datasets import Example
 from clef_guard._errors import ClefGuardError
 from clef_guard._requests import parse_questions
@@ -50,7 +50,11 @@ def evaluate(
 
 
 def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """``n``, accuracy, macro-F1, ECE and Brier of option probabilities (in each question's option order)."""
+    """``n``, accuracy, macro-F1, ECE and Brier of option probabilities (in each question's option order).
+
+    ``ece_noise`` is the ECE a perfectly calibrated engine with the same confidences would show
+    on this many rows (:func:`sampling_ece`): the floor the measured ECE is read against.
+    """
     if not examples:
         raise ClefGuardError("no examples to score")
     labels, predictions, gold, confidences = [], [], [], []
@@ -67,6 +71,7 @@ def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]])
         "accuracy": sum(correct) / len(correct),
         "macro_f1": macro_f1(labels, predictions),
         "ece": expected_calibration_error(confidences, correct),
+        "ece_noise": sampling_ece(confidences),
         "brier": brier_score(distributions, gold),
     }
 

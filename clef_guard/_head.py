@@ -7,8 +7,11 @@ and a ``wide`` choice, one with more options than the engine lists (see
 
 For a listed option the engine extracts the hidden state of the token that closes it
 (it has read the state, the question and the option) and the backbone's mean
-log-probability of the option's tokens. The head scores it as
-``w[r] . h + b[r] + v[r] . gelu(W norm(h)) + lm_weight[r] * lm_logprob`` for reading ``r``:
+log-probability of the option's tokens. The head standardizes ``h`` with the mean and
+spread of its training features (``x = (h - mean) / scale``: a language model's hidden
+states have a few dimensions hundreds of times larger than the rest, which would otherwise
+set the probe's effective regularisation) and scores it as
+``w[r] . x + b[r] + v[r] . gelu(W norm(x)) + lm_weight[r] * lm_logprob`` for reading ``r``:
 a linear probe plus one small hidden layer that the listed readings share. The hidden
 layer lets one head answer unrelated yes/no questions (a tool's need, an injection, an
 unsafe agent action) without one direction of ``h`` serving them all.
@@ -53,13 +56,15 @@ inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone
 HIDDEN_WIDTH = 256
 """Width of the hidden layer the listed readings share."""
 _DROPOUT = 0.1
-_FORMAT = "clef-guard-head/6"
-"""Version 6 adds the hidden layer; 5 learned the map of the wide space that 6 keeps."""
-_SAME_WIDE = frozenset({"clef-guard-head/5", _FORMAT})
+_FORMAT = "clef-guard-head/7"
+"""Version 7 standardizes the listed readings' features; 6 added the hidden layer; 5 learned the
+map of the wide space that 6 and 7 keep."""
+_SAME_WIDE = frozenset({"clef-guard-head/5", "clef-guard-head/6", _FORMAT})
 """Formats whose wide reading this version reads as they were trained; older ones' is dropped on load."""
 _PER_READING = ("proj.weight", "proj.bias", "lm_weight", "log_temperature")
 _MATCH = ("match_up", "match_down", "log_match_scale")
 _HIDDEN = ("hidden_norm.weight", "hidden_norm.bias", "hidden_in.weight", "hidden_in.bias", "hidden_out")
+_STANDARDIZE = ("feature_mean", "feature_scale")
 
 
 def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
@@ -90,6 +95,8 @@ class DecisionHead(nn.Module):
         self.hidden_in = nn.Linear(hidden_size, HIDDEN_WIDTH)
         self.hidden_out = nn.Parameter(torch.zeros(len(READINGS), HIDDEN_WIDTH))
         self.dropout = nn.Dropout(_DROPOUT)
+        self.register_buffer("feature_mean", torch.zeros(hidden_size))
+        self.register_buffer("feature_scale", torch.ones(hidden_size))
         self.question_temperatures: dict[str, float] = {}
         """Temperature of each question calibrated on its own, by question key; others use their reading's."""
         nn.init.zeros_(self.proj.weight)
@@ -119,6 +126,7 @@ class DecisionHead(nn.Module):
             mapped = centred_cosine(self.wide_map(query), self.wide_map(hidden))
             raw = self.lm_weight[k] * lm_logprob + self.log_match_scale.exp() * (mapped - centred_cosine(query, hidden))
         else:
+            hidden = (hidden - self.feature_mean) / self.feature_scale
             shared = nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden))))
             raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.dropout(shared) @ self.hidden_out[k]
             raw = raw + self.lm_weight[k] * lm_logprob
@@ -171,7 +179,7 @@ class DecisionHead(nn.Module):
             wide = READINGS.index("wide")
             for name in _PER_READING:
                 tensors[name][wide] = fresh[name][wide]
-        for name in (*_MATCH, *_HIDDEN):  # absent when older, or saved untrained (see save)
+        for name in (*_MATCH, *_HIDDEN, *_STANDARDIZE):  # absent when older, or saved untrained (see save)
             tensors.setdefault(name, fresh[name])
         head.load_state_dict(tensors)
         head.question_temperatures = question_temperatures

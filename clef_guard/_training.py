@@ -40,6 +40,8 @@ from clef_guard._state import state_segments, to_json
 
 _SAVE_EVERY = 30.0
 """Seconds between saves of a growing feature cache, at least (each save rewrites the file)."""
+_MIN_SCALE = 1e-3
+"""Least spread a standardized feature is divided by (a dimension constant in training)."""
 _WIDE_FEATURES = 2
 """Version of the wide features (2: one-word query on the penultimate layer, options read as states)."""
 
@@ -194,6 +196,11 @@ def train_head(
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     head = DecisionHead(hidden_size).train()
+    listed = [f.hidden for f in features if f.reading != "wide"]
+    if sum(len(h) for h in listed) > 1:  # the features' own mean and spread (see DecisionHead)
+        rows = torch.cat(listed).float()
+        head.feature_mean.copy_(rows.mean(0))
+        head.feature_scale.copy_(rows.std(0).clamp_min(_MIN_SCALE))
     match = [head.match_up, head.match_down, head.log_match_scale]
     layer = [head.hidden_out, *head.hidden_norm.parameters(), *head.hidden_in.parameters()]
     linear = [p for p in head.parameters() if p.requires_grad and all(p is not m for m in (*match, *layer))]

@@ -17,6 +17,7 @@ from clef_guard._calibration import (
     choose_threshold,
     clopper_pearson_upper,
     expected_calibration_error,
+    sampling_ece,
     fit_temperature,
     minimum_accepted,
     reliability_diagram,
@@ -34,6 +35,24 @@ def test_ece_is_near_zero_when_calibrated_and_large_when_overconfident() -> None
     assert expected_calibration_error(confidences, correct) < 0.02
     overconfident = [min(1.0, c + 0.2) for c in confidences]
     assert expected_calibration_error(overconfident, correct) > 0.1
+
+
+def test_ece_bins_answers_by_confidence() -> None:
+    # bins of 0.2: {0.3, 0.4} (one right: 0.5 against 0.35), {0.9} (right), {0.0} (wrong)
+    ece = expected_calibration_error([0.3, 0.4, 0.9, 0.0], [False, True, True, False], bins=5)
+    assert ece == pytest.approx((2 * abs(0.5 - 0.35) + abs(1 - 0.9) + 0) / 4)
+
+
+def test_sampling_ece_is_the_noise_a_calibrated_model_shows_on_few_answers() -> None:
+    confidences, _ = _calibrated(100, 1)
+    noise = sampling_ece(confidences)
+    draws = [random.Random(seed) for seed in range(50)]
+    measured = [expected_calibration_error(confidences, [rng.random() < c for c in confidences]) for rng in draws]
+    assert 0.05 < noise < 0.15, "100 answers in 15 bins: a calibrated model is several points off"
+    assert sum(measured) / len(measured) == pytest.approx(noise, rel=0.2)
+    assert sampling_ece(_calibrated(20000, 2)[0]) < 0.01
+    overconfident = [min(1.0, c + 0.3) for c in confidences]
+    assert expected_calibration_error(overconfident, _calibrated(100, 1)[1]) > 2 * sampling_ece(overconfident)
 
 
 def test_brier_score_of_known_distributions() -> None:

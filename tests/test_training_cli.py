@@ -57,7 +57,7 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
             "--features", str(features), "--target-error", "0.5", "--out", str(calibration), "--plot", str(tmp_path / "reliability.png"), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["n"] == 12 and set(report["before"]) == {"accuracy", "ece", "brier"}
+    assert report["n"] == 12 and set(report["before"]) == {"accuracy", "ece", "ece_noise", "brier"}
     assert report["question_temperatures"] == []  # 12 rows: too few for a question's own temperature
     written = yaml.safe_load(calibration.read_text())
     assert written["version"] == 1 and written["report"]["n"] == 12
