@@ -192,8 +192,9 @@ def reliability_diagram(
     index = _bin_of(probabilities, bins)
     counts = torch.bincount(index, minlength=bins)
     used = counts > 0
+    right = torch.tensor(correct, dtype=torch.float64)
     centres = (torch.zeros(bins, dtype=torch.float64).index_add_(0, index, probabilities)[used] / counts[used]).tolist()
-    accuracies = (torch.zeros(bins).index_add_(0, index, torch.tensor(correct, dtype=torch.float32))[used] / counts[used]).tolist()
+    accuracies = (torch.zeros(bins, dtype=torch.float64).index_add_(0, index, right)[used] / counts[used]).tolist()
     counts = counts[used].tolist()
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), height_ratios=(3, 1), sharex=True)
     top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
