@@ -43,16 +43,32 @@ def sampling_ece(confidences: Sequence[float], bins: int = 15, *, draws: int = 2
     return float(_ece(probabilities, correct, bins).mean())
 
 
-def _bin_of(confidences: torch.Tensor, bins: int) -> torch.Tensor:
-    """Bin of each confidence: bin ``b`` holds ``(b / bins, (b + 1) / bins]``, and 0 falls in the first."""
-    return (torch.ceil(confidences * bins) - 1).clamp(0, bins - 1).long()
+def calibration_metrics(probabilities: Sequence[Sequence[float]], labels: Sequence[int]) -> dict[str, float]:
+    """Accuracy, ECE, its sampling noise (:func:`sampling_ece`) and Brier of option
+    distributions against the index of each right option."""
+    best = [max(range(len(row)), key=row.__getitem__) for row in probabilities]
+    confidences = [row[b] for row, b in zip(probabilities, best, strict=True)]
+    correct = [b == label for b, label in zip(best, labels, strict=True)]
+    return {
+        "accuracy": sum(correct) / len(correct),
+        "ece": expected_calibration_error(confidences, correct),
+        "ece_noise": sampling_ece(confidences),
+        "brier": brier_score(probabilities, labels),
+    }
+
+
+def _bin_totals(confidences: torch.Tensor, correct: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per equal-width bin (``b`` holds ``(b / bins, (b + 1) / bins]``, 0 the first): answers,
+    summed confidence, and right answers for each row of ``correct`` (``[..., n]``, bools)."""
+    index = (torch.ceil(confidences * bins) - 1).clamp(0, bins - 1).long()
+    stated = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, confidences)
+    right = torch.zeros(*correct.shape[:-1], bins, dtype=torch.float64).index_add_(-1, index, correct.double())
+    return torch.bincount(index, minlength=bins), stated, right
 
 
 def _ece(confidences: torch.Tensor, correct: torch.Tensor, bins: int) -> torch.Tensor:
     """ECE of each row of ``correct`` (``[..., n]``, bools) against ``confidences`` (``[n]``)."""
-    index = _bin_of(confidences, bins)
-    stated = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, confidences)
-    right = torch.zeros(*correct.shape[:-1], bins, dtype=torch.float64).index_add_(-1, index, correct.double())
+    _, stated, right = _bin_totals(confidences, correct, bins)
     return (right - stated).abs().sum(-1) / len(confidences)
 
 
@@ -188,13 +204,9 @@ def reliability_diagram(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    probabilities = torch.tensor(confidences, dtype=torch.float64)
-    index = _bin_of(probabilities, bins)
-    counts = torch.bincount(index, minlength=bins)
+    counts, stated, right = _bin_totals(torch.tensor(confidences, dtype=torch.float64), torch.tensor(correct), bins)
     used = counts > 0
-    right = torch.tensor(correct, dtype=torch.float64)
-    centres = (torch.zeros(bins, dtype=torch.float64).index_add_(0, index, probabilities)[used] / counts[used]).tolist()
-    accuracies = (torch.zeros(bins, dtype=torch.float64).index_add_(0, index, right)[used] / counts[used]).tolist()
+    centres, accuracies = (stated[used] / counts[used]).tolist(), (right[used] / counts[used]).tolist()
     counts = counts[used].tolist()
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), height_ratios=(3, 1), sharex=True)
     top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")

@@ -20,13 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from clef_guard._backbone import EMBEDDED_MODEL
-from clef_guard._calibration import (
-    brier_score,
-    choose_threshold,
-    expected_calibration_error,
-    reliability_diagram,
-    sampling_ece,
-)
+from clef_guard._calibration import calibration_metrics, choose_threshold, reliability_diagram
 from clef_guard._datasets import Example, load_task, sample_options
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
@@ -265,14 +259,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
 
 
 def _quality(probabilities: list[torch.Tensor], features: list[Features]) -> dict[str, float]:
-    confidences = [float(p.max()) for p in probabilities]
-    correct = [int(p.argmax()) == f.label for p, f in zip(probabilities, features, strict=True)]
-    return {
-        "accuracy": _accuracy(probabilities, features),
-        "ece": expected_calibration_error(confidences, correct),
-        "ece_noise": sampling_ece(confidences),
-        "brier": brier_score([p.tolist() for p in probabilities], [f.label for f in features]),
-    }
+    return calibration_metrics([p.tolist() for p in probabilities], [f.label for f in features])
 
 
 def _accuracy(probabilities: list[torch.Tensor], features: list[Features]) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, Question, State
 
-from clef_guard._calibration import brier_score, expected_calibration_error, sampling_ece
+from clef_guard._calibration import calibration_metrics
 from clef_guard._datasets import Example
 from clef_guard._errors import ClefGuardError
 from clef_guard._requests import parse_questions
@@ -57,23 +57,14 @@ def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]])
     """
     if not examples:
         raise ClefGuardError("no examples to score")
-    labels, predictions, gold, confidences = [], [], [], []
+    labels, predictions, gold = [], [], []
     for example, probabilities in zip(examples, distributions, strict=True):
         (parsed,) = parse_questions({"q": example.question})
-        best = max(range(len(probabilities)), key=probabilities.__getitem__)
         labels.append(example.label)
-        predictions.append(parsed.options[best])
+        predictions.append(parsed.options[max(range(len(probabilities)), key=probabilities.__getitem__)])
         gold.append(parsed.options.index(example.label))
-        confidences.append(probabilities[best])
-    correct = [p == y for p, y in zip(predictions, labels, strict=True)]
-    return {
-        "n": len(examples),
-        "accuracy": sum(correct) / len(correct),
-        "macro_f1": macro_f1(labels, predictions),
-        "ece": expected_calibration_error(confidences, correct),
-        "ece_noise": sampling_ece(confidences),
-        "brier": brier_score(distributions, gold),
-    }
+    metrics = calibration_metrics(distributions, gold)
+    return {"n": len(examples), "accuracy": metrics.pop("accuracy"), "macro_f1": macro_f1(labels, predictions), **metrics}
 
 
 def macro_f1(labels: Sequence[str], predictions: Sequence[str]) -> float:
