@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
 from clef_guard._errors import ModelLoadError
@@ -77,6 +77,17 @@ def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
     center = options.mean(0)
     unit = nn.functional.normalize
     return unit(query - center, dim=-1) @ unit(options - center, dim=-1).T
+
+
+def _sorted_header(blob: bytes) -> bytes:
+    """A safetensors file with its header's keys sorted, so that equal heads are equal bytes.
+
+    The writer orders the metadata by hash, differently from run to run; sorting moves no
+    tensor (each names its own offsets) and keeps the header's length.
+    """
+    size = int.from_bytes(blob[:8], "little")
+    header = json.dumps(json.loads(blob[8 : 8 + size]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return blob[:8] + header.ljust(size) + blob[8 + size :] if len(header) <= size else blob
 
 
 class DecisionHead(nn.Module):
@@ -147,7 +158,7 @@ class DecisionHead(nn.Module):
         metadata = {"format": _FORMAT, "hidden_size": str(self.hidden_size)}
         if self.question_temperatures:
             metadata["question_temperatures"] = json.dumps(self.question_temperatures, sort_keys=True)
-        save_file(tensors, str(path), metadata=metadata)
+        Path(path).write_bytes(_sorted_header(save(tensors, metadata=metadata)))
 
     @classmethod
     def load(cls, path: str | Path, hidden_size: int) -> DecisionHead:

@@ -34,7 +34,7 @@ from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
 from clef_guard._calibration import MIN_QUESTION_ERRORS, MIN_TEMPERATURE_EXAMPLES, fit_temperature
 from clef_guard._head import HEAD_FILE, READINGS, DecisionHead
-from clef_guard._requests import parse_questions
+from clef_guard._requests import ParsedQuestion, parse_questions
 from clef_guard._state import state_segments, to_json
 
 
@@ -95,8 +95,8 @@ def extract_features(
     floats: dict[str, torch.Tensor] = {}  # one float copy of each shared label matrix
     last_save, save_every = time.monotonic(), _SAVE_EVERY
     for done, example in enumerate(examples, start=1):
-        key = _example_key(example)
         (parsed,) = parse_questions({"q": example.question})
+        key = _example_key(example, parsed)
         reading = engine.reading(parsed)
         cached = stored.get(key)  # entries from before wide choices name their reading "kind"
         if cached is None or _stale(cached, reading):
@@ -436,13 +436,13 @@ def _backbone_key(engine: LocalDecisionModel) -> str:
     if engine.adapter is not None:  # by content: retraining into the same folder must not reuse features
         weights = Path(engine.adapter) / "adapter_model.safetensors"
         adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else engine.adapter
-    identity = json.dumps({"model": engine.model, "adapter": adapter, "layout": 1}, sort_keys=True)
+    identity = json.dumps({"model": engine.model, "adapter": adapter, "layout": 2}, sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
-def _example_key(example: Example) -> str:
-    """Key of an example's features: the text the engine reads and the question (a new rendering is a new key)."""
-    body = to_json({"state": state_segments(example.state), "question": example.question.model_dump()})
+def _example_key(example: Example, question: ParsedQuestion) -> str:
+    """Key of an example's features: the text the engine reads and what its question asks (a new rendering is a new key)."""
+    body = to_json({"state": state_segments(example.state), "question": question.key})
     return hashlib.sha256(body.encode()).hexdigest()
 
 

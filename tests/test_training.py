@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,19 @@ def test_each_question_gets_its_own_temperature_through_the_file_and_the_engine(
     backbone = LocalDecisionModel(default_head=False).invoke(request).nouls["renamed"].noul
     logit = torch.logit(torch.tensor([tuned, backbone], dtype=torch.float64))
     assert float(logit[0]) == pytest.approx(4 * float(logit[1]), rel=1e-3)
+
+
+def test_a_saved_head_is_the_same_bytes_every_time(tmp_path: Path) -> None:
+    """The safetensors writer orders metadata by hash, differently run to run; the head's file sorts its header."""
+    head = DecisionHead(16)
+    head.question_temperatures = {"b" * 16: 0.5, "a" * 16: 2.0}
+    head.save(tmp_path / "one.safetensors")
+    head.save(tmp_path / "two.safetensors")
+    blob = (tmp_path / "one.safetensors").read_bytes()
+    header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
+    assert list(header) == sorted(header) and list(header["__metadata__"]) == sorted(header["__metadata__"])
+    assert blob == (tmp_path / "two.safetensors").read_bytes()
+    assert DecisionHead.load(tmp_path / "one.safetensors", 16).question_temperatures == head.question_temperatures
 
 
 def test_a_head_trained_on_nouls_leaves_choices_to_the_backbone(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:
