@@ -5,8 +5,8 @@
 When2Call is a test set only, so the shipped head learns its question from generated
 ``tool-use`` rows and is scored on When2Call (``quality.py tool-use``). This script asks a
 different question: if a head could learn from When2Call itself, how far would the same
-frozen features take it? It trains heads (``clef-guard train``'s code and settings of the
-shipped head) on all folds but one of When2Call's 300 rows, with and without the tool-use
+frozen features take it? It trains heads (``clef-guard train``'s code and default settings,
+the shipped head's) on all folds but one of When2Call's 300 rows, with and without the tool-use
 train rows, and scores the held-out fold. Heads trained here see test rows, so they are
 never shipped and their accuracy is not a When2Call result: it bounds what better generated
 rows can reach without changing the features (LoRA, another layer, a stronger backbone).
@@ -25,12 +25,8 @@ from clef_guard import LocalDecisionModel
 from clef_guard._datasets import load_task
 from clef_guard._training import Features, TrainConfig, extract_features, predict, train_head
 
-SHIPPED_RECIPE = TrainConfig(lr=3e-3, epochs=80)
-"""The settings ``make default-head`` trains with."""
-
-
 def _accuracy(train: list[Features], test: list[Features], hidden_size: int) -> list[bool]:
-    head, _ = train_head(train, hidden_size, SHIPPED_RECIPE)
+    head, _ = train_head(train, hidden_size, TrainConfig())
     return [int(p.argmax()) == f.label for p, f in zip(predict(head, test), test, strict=True)]
 
 
