@@ -48,7 +48,7 @@ from clef_guard._datasets import Example, load_task, sample_options
 from clef_guard._engine import DEFAULT_HEAD
 from clef_guard._evaluation import score
 from clef_guard._head import DecisionHead
-from clef_guard._training import Features, TrainConfig, calibrate_head, extract_features, predict, train_head
+from clef_guard._training import Features, calibrate_head, extract_features, predict, train_head
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def main() -> None:
         calibration = [f for part in recipe.calibrate for f in read(part)[1]]
         started = time.perf_counter()  # the recipe's own time: its features are read before
         if train:
-            head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig())
+            head, _ = train_head(train, engine.backbone.hidden_size)
         else:
             head = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
         calibrate_head(head, calibration, per_question=recipe.per_question)

@@ -23,10 +23,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from clef_guard import LocalDecisionModel
 from clef_guard._datasets import load_task
-from clef_guard._training import Features, TrainConfig, extract_features, predict, train_head
+from clef_guard._training import Features, extract_features, predict, train_head
 
 def _accuracy(train: list[Features], test: list[Features], hidden_size: int) -> list[bool]:
-    head, _ = train_head(train, hidden_size, TrainConfig())
+    head, _ = train_head(train, hidden_size)
     return [int(p.argmax()) == f.label for p, f in zip(predict(head, test), test, strict=True)]
 
 
