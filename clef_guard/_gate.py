@@ -485,7 +485,9 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
         payload["fields"] = {k: state[k] for k in view.fields if k in state}
     messages = _messages(state)
     if view.messages and messages:
-        payload["messages"] = messages[-view.messages :]
+        latest = messages[-view.messages :]
+        opening = _opening(messages) if view.opening else []
+        payload["messages"] = [*opening[: len(messages) - len(latest)], *latest]
     if view.tool_call:
         tool: dict[str, Any] = {"name": call["name"], "args": call["args"]}
         if view.tool_description and description:
@@ -527,6 +529,17 @@ def load_calibration(source: str | Path | Mapping[str, Any]) -> dict[str, dict[s
                 )
         overrides[str(policy)] = {str(k): float(v) for k, v in thresholds.items()}
     return overrides
+
+
+def _opening(messages: Sequence[Any]) -> list[Any]:
+    """The conversation's leading system turns and, right after them, its first user turn."""
+    count = 0
+    for message in messages:
+        role = message.type if isinstance(message, BaseMessage) else message.get("role", message.get("type"))
+        count += 1
+        if role != "system":
+            return list(messages[: count if role in ("human", "user") else count - 1])
+    return list(messages)
 
 
 def _messages(state: Any) -> list[Any]:

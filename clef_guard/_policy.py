@@ -69,6 +69,10 @@ class StateView(_Strict):
     tool_description: bool = True
     messages: int = Field(default=6, ge=0)
     """How many of the latest messages to include (0: none)."""
+    opening: bool = True
+    """Also include the conversation's opening when the latest messages leave it out: its
+    leading system turns and first user turn, which say whom the agent serves and what it
+    was asked (a ``requested`` question cannot be answered without them)."""
     fields: list[str] = Field(default_factory=list)
     """Top-level state keys to include besides the messages."""
     tool_result: bool = False

@@ -6,6 +6,7 @@ import textwrap
 from typing import Any
 
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from clef_guard import Guard, PolicyError, parse_policy
 from model import ScriptedDecisionModel
@@ -161,12 +162,24 @@ def test_calibration_overrides_thresholds(tmp_path: Any) -> None:
 
 
 def test_the_engine_sees_only_what_the_policy_asks_for() -> None:
-    policy = OUTBOUND.replace("rules:", "state: {messages: 1, fields: [user], tool_description: false}\nrules:")
+    policy = OUTBOUND.replace("rules:", "state: {messages: 1, opening: false, fields: [user], tool_description: false}\nrules:")
     guard, engine = _guard({}, policy)
     state = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "user": "ann", "secret": "x"}
     guard.check({"name": "send_email", "args": {"to": "z"}}, state, tool_description="Sends mail")
     seen = engine.calls[0]["state"]
     assert seen == {"fields": {"user": "ann"}, "messages": [{"role": "user", "content": "b"}], "tool": {"name": "send_email", "args": {"to": "z"}}}
+
+
+@pytest.mark.parametrize(
+    ("window", "seen"),
+    [(2, ["s", "ask", "x", "y"]), (5, ["s", "ask", "step", "done", "x", "y"]), (6, ["s", "ask", "step", "done", "x", "y"])],
+)
+def test_a_message_window_keeps_the_conversations_opening(window: int, seen: list[str]) -> None:
+    """However long the agent's loop, the engine reads whom it serves and what the user asked, once."""
+    guard, engine = _guard({}, OUTBOUND.replace("rules:", f"state: {{messages: {window}}}\nrules:"))
+    turns = [SystemMessage("s"), HumanMessage("ask"), AIMessage("step"), HumanMessage("done"), AIMessage("x"), AIMessage("y")]
+    guard.check({"name": "send_email", "args": {"to": "z"}}, {"messages": turns})
+    assert [turn.content for turn in engine.calls[0]["state"]["messages"]] == seen
 
 
 def test_after_tool_applies_to_conditions_see_the_result() -> None:
