@@ -9,6 +9,7 @@ import pytest
 
 from clef_guard._datasets import DATASETS_ENV, SPLITS, TASKS, Example, datasets_dir, load_task, sample_options
 from clef_guard._errors import ClefGuardError
+from clef_guard._state import to_json
 
 try:
     ROOT = datasets_dir()
@@ -146,6 +147,20 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
             unnamed += 1
             assert any(f"{relation} ({to})" in user for relation in RELATIONS[row.label == "yes"]), row.id
     assert 0 < unnamed < len(rows) / 2
+
+
+def test_scope_rows_reach_every_level_with_earlier_changes_in_history() -> None:
+    """The scope rubric is taught every level, and on histories that hold changes broader than the call."""
+    from clef_guard._synthetic import _CHANGES
+
+    rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/scope/")]
+    assert {row.label for row in rows} == {"0", "1", "2", "3"}
+    changes = {to_json(args) for _, args, _ in _CHANGES}
+    after_changes = [
+        row for row in rows
+        if any(to_json(call["args"]) in changes for turn in row.state["messages"][:-1] for call in getattr(turn, "tool_calls", []))
+    ]
+    assert {row.label for row in after_changes} >= {"0", "1"}
 
 
 def test_when2call_is_test_only() -> None:
