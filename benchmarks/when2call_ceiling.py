@@ -25,6 +25,7 @@ from clef_guard import LocalDecisionModel
 from clef_guard._datasets import load_task
 from clef_guard._training import Features, extract_features, predict, train_head
 
+
 def _accuracy(train: list[Features], test: list[Features], hidden_size: int) -> list[bool]:
     head, _ = train_head(train, hidden_size)
     return [int(p.argmax()) == f.label for p, f in zip(predict(head, test), test, strict=True)]

@@ -31,6 +31,7 @@ from langchain_core.messages import BaseMessage
 
 from clef_guard._errors import EngineError, EngineTimeoutError, PolicyError
 from clef_guard._policy import SEVERITY, Policy
+from clef_guard._state import _as_message
 from clef_guard._telemetry import Telemetry
 
 _log = logging.getLogger("clef_guard")
@@ -532,13 +533,15 @@ def load_calibration(source: str | Path | Mapping[str, Any]) -> dict[str, dict[s
 
 
 def _opening(messages: Sequence[Any]) -> list[Any]:
-    """The conversation's leading system turns and, right after them, its first user turn."""
-    count = 0
-    for message in messages:
-        role = message.type if isinstance(message, BaseMessage) else message.get("role", message.get("type"))
-        count += 1
-        if role != "system":
-            return list(messages[: count if role in ("human", "user") else count - 1])
+    """The conversation's leading system turns and, right after them, its first user turn.
+
+    A mapping counts as the message it renders as (:func:`clef_guard._state._as_message`).
+    """
+    for index, message in enumerate(messages):
+        read = message if isinstance(message, BaseMessage) else _as_message(message)
+        kind = read.type if read is not None else None
+        if kind != "system":
+            return list(messages[: index + (kind == "human")])
     return list(messages)
 
 

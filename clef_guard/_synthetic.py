@@ -6,10 +6,10 @@ tool call that the policy applies to, and the answer each question should get. T
 state is built with :func:`clef_guard._gate.engine_state`, as the guard builds it at run
 time: LangChain messages, sometimes earlier tool calls (reads, or changes already made)
 and their results, then the AI turn that proposes the call, mostly with the tool's
-docstring (which the guard reads where a policy asks for it). Conversations name one of a few organisations
-or none (then the user says who a recipient is), requests are paraphrased, and "was it
-asked for?" has hard negatives: the same change asked for on another target, or a request
-only to look. Every example is a different combination of template, target and wording;
+docstring (which the guard reads where a policy asks for it). Conversations name one of a
+few organisations or none (then the user says who a recipient is), requests are
+paraphrased, and "was it asked for?" has hard negatives: the same change asked for on
+another target, or a request only to look. Every example is a different combination of template, target and wording;
 duplicates are dropped and the split is seeded, so train, dev and test never share an
 example, but they do share templates: in-distribution numbers, not a measure of transfer.
 """
