@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,10 +20,10 @@ from rich.table import Table
 
 from clef_guard._backbone import EMBEDDED_MODEL
 from clef_guard._calibration import calibration_metrics, choose_threshold, reliability_diagram
-from clef_guard._datasets import Example, load_task, sample_options
+from clef_guard._datasets import Example, _sample, load_task, sample_options
 from clef_guard._engine import LocalDecisionModel
 from clef_guard._errors import ClefGuardError
-from clef_guard._evaluation import SparrowDecisionModel, evaluate
+from clef_guard._evaluation import SparrowDecisionModel, evaluate, question_text
 from clef_guard._head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard._requests import parse_questions
 from clef_guard._training import (
@@ -218,13 +217,25 @@ def _question_temperatures(examples: list[Example], features: list[Features], te
     asked: dict[str, tuple[str, int]] = {}
     for example, f in zip(examples, features, strict=True):
         if f.question in temperatures:
-            text, n = asked.get(f.question, (textwrap.shorten(str(example.question.instructions), 80), 0))
+            text, n = asked.get(f.question, (question_text(example), 0))
             asked[f.question] = (text, n + 1)
     return [{"key": key, "question": text, "n": n, "temperature": temperatures[key]} for key, (text, n) in asked.items()]
 
 
+def _eval_examples(args: argparse.Namespace) -> tuple[str, list[Example]]:
+    """What ``eval`` reads, and its name: one task's split, or labeled JSONL files (sampled alike by --limit)."""
+    if bool(args.task) == bool(args.data):
+        raise ClefGuardError("eval reads one source: give --task NAME or --data FILE.jsonl (repeatable), not both")
+    if args.task:
+        return args.task, load_task(args.task, args.split, limit=args.limit, seed=args.seed)
+    examples = [example for file in args.data for example in _jsonl_examples(file)]
+    if not examples:
+        raise ClefGuardError(f"no labeled rows in {', '.join(map(str, args.data))}")
+    return ", ".join(file.name for file in args.data), _sample(examples, args.limit, args.seed)
+
+
 def _eval(args: argparse.Namespace, console: Console) -> int:
-    examples = load_task(args.task, args.split, limit=args.limit, seed=args.seed)
+    task, examples = _eval_examples(args)
     engines: list[BaseDecisionModel] = []
     for name in args.engine or ["local"]:
         if name == "sparrow":
@@ -236,9 +247,9 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     results = []
     for engine in engines:
         with _progress(console, args.json) as progress:
-            bar = progress.add_task(f"{args.task} on {engine.model}", total=len(examples))
+            bar = progress.add_task(f"{task} on {engine.model}", total=len(examples))
             result = evaluate(
-                engine, args.task, examples, on_progress=lambda done, total, bar=bar: progress.update(bar, completed=done)
+                engine, task, examples, on_progress=lambda done, total, bar=bar: progress.update(bar, completed=done)
             )
         result.update({"split": args.split, "limit": args.limit, "seed": args.seed})
         if isinstance(engine, LocalDecisionModel):
@@ -247,7 +258,8 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
         return 0
-    table = Table(title=f"{args.task} ({args.split}, n={len(examples)})")
+    source = args.split if args.task else "labeled rows"
+    table = Table(title=f"{task} ({source}, n={len(examples)})")
     metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "p50_ms")
     table.add_column("engine")
     for column in metrics:
@@ -255,6 +267,15 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
     for r in results:
         table.add_row(r["engine"], *(f"{r[k]:.4f}" if k != "p50_ms" else f"{r[k]:.1f}" for k in metrics))
     console.print(table)
+    for r in results:
+        if "questions" in r:
+            table = Table(title=f"{r['engine']}, per question")
+            table.add_column("question")
+            for column in ("n", "accuracy", "ece"):
+                table.add_column(column, justify="right")
+            for q in r["questions"]:
+                table.add_row(q["question"], str(q["n"]), f"{q['accuracy']:.4f}", f"{q['ece']:.4f}")
+            console.print(table)
     return 0
 
 

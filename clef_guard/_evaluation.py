@@ -9,6 +9,7 @@ weights) so both are measured in the same run.
 from __future__ import annotations
 
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,7 +30,10 @@ def evaluate(
     *,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Accuracy, macro-F1, ECE, Brier and median latency of ``engine`` on ``examples``."""
+    """Accuracy, macro-F1, ECE, Brier and median latency of ``engine`` on ``examples``.
+
+    Where the examples ask more than one question, ``questions`` scores each of them too.
+    """
     if not examples:
         raise ClefGuardError(f"task {task!r} has no examples to evaluate")
     distributions, latencies = [], []
@@ -41,12 +45,32 @@ def evaluate(
         distributions.append(_option_probabilities(response.answers["q"], parsed.options))
         if on_progress:
             on_progress(done, len(examples))
-    return {
+    result = {
         "task": task,
         "engine": getattr(engine, "model", type(engine).__name__),
         **score(examples, distributions),
         "p50_ms": statistics.median(latencies),
     }
+    questions = score_by_question(examples, distributions)
+    return {**result, "questions": questions} if len(questions) > 1 else result
+
+
+def score_by_question(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> list[dict[str, Any]]:
+    """:func:`score` of each question asked, named by its instructions (shortened), most examples first."""
+    groups: dict[str, tuple[str, list[int]]] = {}
+    for index, example in enumerate(examples):
+        (parsed,) = parse_questions({"q": example.question})
+        groups.setdefault(parsed.key, (question_text(example), []))[1].append(index)
+    scored = [
+        {"question": text, **score([examples[i] for i in rows], [distributions[i] for i in rows])}
+        for text, rows in groups.values()
+    ]
+    return sorted(scored, key=lambda row: -row["n"])
+
+
+def question_text(example: Example) -> str:
+    """An example's question as a person reads it in a report: its instructions, shortened."""
+    return textwrap.shorten(str(example.question.instructions), 80)
 
 
 def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> dict[str, Any]:

@@ -6,7 +6,7 @@
     clef-guard audit summarize FILE... [--json]   decisions per policy and verdict
     clef-guard train --task NAME... --out DIR     fit a decision head on cached backbone features
     clef-guard calibrate --head FILE --task NAME  temperature, ECE/Brier, reliability PNG, thresholds
-    clef-guard eval --task NAME --split test      accuracy, macro-F1, ECE, Brier, p50 latency
+    clef-guard eval --task NAME --split test      accuracy, macro-F1, ECE, Brier, p50 latency (or --data FILE.jsonl)
     clef-guard serve [--host H] [--port P] [--api-key-env NAME]
                                                   serve the engine over HTTP (System One API)
 """
@@ -140,8 +140,9 @@ def _add_training_commands(commands: Any) -> None:
         "--policy-threshold", action="append", default=[], metavar="POLICY:NAME",
         help="write the chosen threshold as this policy threshold in the calibration file",
     )
-    evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task")
-    evaluate.add_argument("--task", required=True)
+    evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
+    evaluate.add_argument("--task", default=None, help="a task from the shared datasets")
+    evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--head", default=None, help="decision head file")
     evaluate.add_argument(

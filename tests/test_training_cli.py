@@ -63,6 +63,27 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
     assert written["version"] == 1 and written["report"]["n"] == 12
     assert (tmp_path / "reliability.png").stat().st_size > 0
 
+    argv = ["eval", "--adapter", str(out), "--head", str(out / "decision_head.safetensors"), "--data", str(data), "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["task"] == "rows.jsonl" and report["n"] == 12
+    by_question = {q["question"]: q for q in report["questions"]}
+    assert set(by_question) == {"Which colour is the thing described?", "Is something edible mentioned?"}
+    assert [q["n"] for q in by_question.values()] == [6, 6]
+    assert report["accuracy"] == pytest.approx(sum(q["accuracy"] for q in by_question.values()) / 2)
+
+
+def test_eval_reads_one_source_and_samples_labeled_rows(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--task", "metatool", "--data", str(data)]) == 2
+    assert "not both" in " ".join(capsys.readouterr().err.split())
+    assert main(["eval"]) == 2
+    assert main(["eval", "--data", str(data), "--limit", "5", "--engine", "zeroshot", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 5 and sum(q["n"] for q in report.get("questions", [report])) == 5
+    assert main(["eval", "--data", str(data), "--engine", "zeroshot"]) == 0
+    printed = capsys.readouterr().out
+    assert "rows.jsonl (labeled rows, n=12)" in printed and "per question" in printed and "Is something edible" in printed
+
 
 def test_lora_on_top_of_an_adapter_is_refused(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["train", "--data", str(data), "--adapter", str(tmp_path), "--lora-layers", "1", "--out", str(tmp_path / "b")]
