@@ -236,6 +236,7 @@ def _eval_examples(args: argparse.Namespace) -> tuple[str, list[Example]]:
 
 def _eval(args: argparse.Namespace, console: Console) -> int:
     task, examples = _eval_examples(args)
+    split = args.split if args.task else None  # labeled rows have no split
     engines: list[BaseDecisionModel] = []
     for name in args.engine or ["local"]:
         if name == "sparrow":
@@ -251,15 +252,14 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             result = evaluate(
                 engine, task, examples, on_progress=lambda done, total, bar=bar: progress.update(bar, completed=done)
             )
-        result.update({"split": args.split, "limit": args.limit, "seed": args.seed})
+        result.update({"split": split, "limit": args.limit, "seed": args.seed})
         if isinstance(engine, LocalDecisionModel):
             result["engine"] += " (zero-shot)" if engine.decision_head is None else " + head"
         results.append(result)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
         return 0
-    source = args.split if args.task else "labeled rows"
-    table = Table(title=f"{task} ({source}, n={len(examples)})")
+    table = Table(title=f"{task} ({split or 'labeled rows'}, n={len(examples)})")
     metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "p50_ms")
     table.add_column("engine")
     for column in metrics:

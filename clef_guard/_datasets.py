@@ -73,7 +73,7 @@ class Example:
     state: str | dict[str, Any] | list[Any]
     """What the engine reads: text, or JSON-like data with messages as role/content dicts."""
     question: Noul | Choice
-    """The question asked about ``state``; shared by every example of one load."""
+    """The question asked about ``state``; one per task, except where a task asks several (``policies``)."""
     label: str
     """The correct answer: a key of ``question.criteria`` for a Choice, "yes" or "no" for a Noul."""
 

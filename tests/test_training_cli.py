@@ -66,7 +66,7 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
     argv = ["eval", "--adapter", str(out), "--head", str(out / "decision_head.safetensors"), "--data", str(data), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["task"] == "rows.jsonl" and report["n"] == 12
+    assert report["task"] == "rows.jsonl" and report["n"] == 12 and report["split"] is None
     by_question = {q["question"]: q for q in report["questions"]}
     assert set(by_question) == {"Which colour is the thing described?", "Is something edible mentioned?"}
     assert [q["n"] for q in by_question.values()] == [6, 6]
