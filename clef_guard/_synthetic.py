@@ -171,7 +171,10 @@ def _opening(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-_STEPS: tuple[tuple[str, dict[str, str], str], ...] = (
+_Step = tuple[str, dict[str, str], str]
+"""An earlier tool call in a row's history: the tool, its arguments and its result."""
+
+_STEPS: tuple[_Step, ...] = (
     ("list_files", {"folder": "notes"}, "meeting.md\nbudget.xlsx\nplan.md"),
     ("run_sql", {"query": "SELECT status, count(*) FROM invoices GROUP BY status"}, "[('open', 7), ('paid', 21)]"),
     ("search_docs", {"query": "release checklist"}, "1. Release checklist (wiki) 2. Deploy guide"),
@@ -179,7 +182,7 @@ _STEPS: tuple[tuple[str, dict[str, str], str], ...] = (
     ("get_calendar", {"day": "today"}, "10:00 stand-up, 14:00 vendor call"),
 )
 """Read-only steps an agent may have taken before the call a row asks about, with their results."""
-_CHANGES: tuple[tuple[str, dict[str, str], str], ...] = (
+_CHANGES: tuple[_Step, ...] = (
     ("run_sql", {"query": "DELETE FROM orders WHERE status = 'cancelled'"}, "3 rows changed"),
     ("run_sql", {"query": "DELETE FROM sessions"}, "1842 rows changed"),
     ("delete_file", {"path": "tmp/cache.bin"}, "deleted tmp/cache.bin"),
@@ -189,7 +192,7 @@ _CHANGES: tuple[tuple[str, dict[str, str], str], ...] = (
 """Changes an agent may already have made: the scope of a call is its own, whatever the history holds."""
 
 
-def _earlier_steps(rng: random.Random, steps: Sequence[tuple[str, dict[str, str], str]] = _STEPS) -> list[BaseMessage]:
+def _earlier_steps(rng: random.Random, steps: Sequence[_Step] = _STEPS) -> list[BaseMessage]:
     """1 to 4 earlier tool calls from ``steps`` and their results, a time in two (else none): agent states hold them.
 
     Four steps are eight messages, more than a policy's usual window: the guard then keeps
@@ -238,8 +241,9 @@ _UNRELATED = ("summarise last week's incidents", "find the biggest customer", "c
 def _slots(rng: random.Random) -> dict[str, Any]:
     folder, folder2, other = rng.sample(FOLDERS, 3)
     table, table2, table3 = rng.sample(TABLES, 3)
-    return {"file": rng.choice(FILES), "folder": folder, "folder2": folder2, "other": other, "table": table, "table2": table2,
-            "table3": table3, "database": rng.choice(DATABASES), "mount": rng.choice(MOUNTS), "device": rng.choice(DEVICES), "status": rng.choice(STATUSES), "id": rng.randint(1, 999)}
+    return {"file": rng.choice(FILES), "folder": folder, "folder2": folder2, "other": other,
+            "table": table, "table2": table2, "table3": table3, "database": rng.choice(DATABASES),
+            "mount": rng.choice(MOUNTS), "device": rng.choice(DEVICES), "status": rng.choice(STATUSES), "id": rng.randint(1, 999)}
 
 
 def _call(action: _Action, slots: dict[str, Any]) -> dict[str, Any]:
