@@ -36,7 +36,7 @@ bench: $(STAMP)
 HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --task tool-use --task rjudge --task assebench \
 	--options 8
 default-head: $(STAMP)
-	$(VENV)/bin/clef-guard train $(HEAD_TASKS) --limit 1500 --out build/default-head
+	$(VENV)/bin/clef-guard train $(HEAD_TASKS) --limit 2200 --out build/default-head
 	$(VENV)/bin/clef-guard calibrate --head build/default-head/decision_head.safetensors $(HEAD_TASKS) --limit 300 \
 		--split dev --target-error 0.05 --out build/default-head/calibration.yaml --plot build/default-head/reliability.png
 	cp build/default-head/decision_head.safetensors clef_guard/heads/default.safetensors

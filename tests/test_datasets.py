@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -128,8 +129,24 @@ def test_tool_use_rows_follow_when2call_and_split_by_tool() -> None:
     assert [row.state for row in load_task("tool-use", "dev")] == [row.state for row in load_task("tool-use", "dev")]
 
 
+def test_policy_split_keeps_a_states_questions_together_and_ignores_other_rows() -> None:
+    """A row's split is a function of its state alone: a state's questions share it, and rows added or
+    changed elsewhere in the generators move no other row (heads from different rows stay comparable)."""
+    from clef_guard._synthetic import split_of
+
+    split_of_state: dict[str, set[str]] = {}
+    for split in SPLITS:
+        for row in load_task("policies", split):
+            assert split_of(row.state) == split, row.id
+            split_of_state.setdefault(to_json(row.state), set()).add(split)
+    assert all(len(splits) == 1 for splits in split_of_state.values())
+    counts = {split: sum(splits == {split} for splits in split_of_state.values()) for split in SPLITS}
+    assert counts["train"] > 3 * counts["dev"] and counts["dev"] > 0 and counts["test"] > 0, counts
+
+
 def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -> None:
-    """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient."""
+    """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient
+    (with its address, or alone: then the agent found the address)."""
     from clef_guard._synthetic import ORGANISATIONS, RELATIONS
 
     rows = [row for split in SPLITS for row in load_task("policies", split)
@@ -145,7 +162,8 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
             assert (row.label == "yes") == (not to.startswith("#") and not to.endswith("@" + domain)), row.id
         else:
             unnamed += 1
-            assert any(f"{relation} ({to})" in user for relation in RELATIONS[row.label == "yes"]), row.id
+            named = {external for external, relations in RELATIONS.items() for relation in relations if relation in user}
+            assert named == {row.label == "yes"}, row.id  # "our supplier (jo@...)", or the relation alone
     assert 0 < unnamed < len(rows) / 2
 
 
@@ -161,6 +179,22 @@ def test_scope_rows_reach_every_level_with_earlier_changes_in_history() -> None:
         if any(to_json(call["args"]) in changes for turn in row.state["messages"][:-1] for call in getattr(turn, "tool_calls", []))
     ]
     assert {row.label for row in after_changes} >= {"0", "1"}
+
+
+def test_destructive_rows_do_not_tell_the_answer_by_the_tool_or_the_request() -> None:
+    """SQL and shell calls are destructive in some rows and not in others, and every kind of request
+    (asked, unrelated, only to look, another target) meets calls that destroy: the head must read the arguments."""
+    from clef_guard._synthetic import _DESTROYS, _KEEPS, _LOOKS
+
+    rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/destructive/")]
+    for tool in ("run_sql", "shell"):
+        assert {row.label for row in rows if row.state["tool"]["name"] == tool} == {"yes", "no"}, tool
+    only_looks = [re.compile(re.sub(r"\\\{\w+\\\}", r"\\S+", re.escape(look)), re.IGNORECASE)
+                  for look in _LOOKS if all(look not in asks for _, _, asks, _ in _DESTROYS + _KEEPS)]
+    looks = [row for row in rows if any(
+        look.search(turn.content) for look in only_looks for turn in row.state["messages"] if turn.type == "human"
+    )]
+    assert looks and {row.label for row in looks} == {"yes"}, "a request only to look meets changes alone"
 
 
 def test_when2call_is_test_only() -> None:
