@@ -22,10 +22,10 @@ def adapter_dir(tmp_path_factory: pytest.TempPathFactory, engine: LocalDecisionM
 
     folder = tmp_path_factory.mktemp("adapter")
     base = AutoModelForCausalLM.from_pretrained(embedded_model_path())
+    torch.manual_seed(0)  # the random LoRA and head do not depend on the tests that ran before
     lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     lora.save_pretrained(folder)
     head = DecisionHead(engine.backbone.hidden_size)
-    torch.manual_seed(0)
     torch.nn.init.normal_(head.proj.weight, std=0.05)
     head.save(folder / "decision_head.safetensors")
     return folder
@@ -34,10 +34,12 @@ def adapter_dir(tmp_path_factory: pytest.TempPathFactory, engine: LocalDecisionM
 def test_adapter_and_head_change_the_answers(engine: LocalDecisionModel, adapter_dir: Path) -> None:
     tuned = LocalDecisionModel(adapter=str(adapter_dir))
     assert tuned.decision_head is not None
-    base_p = engine.invoke(REQUEST).nouls["d"].noul
-    tuned_p = tuned.invoke(REQUEST).nouls["d"].noul
-    assert abs(base_p - tuned_p) > 1e-3
-    assert 0.0 <= tuned_p <= 1.0
+    # Several states, so that one answer landing near the base answer by chance cannot fail it.
+    requests = [{**REQUEST, "state": state} for state in ("rm -rf /srv/backups", "ls -la /srv", "Send the report to Dana.")]
+    base = [engine.invoke(request).nouls["d"].noul for request in requests]
+    tuned_p = [tuned.invoke(request).nouls["d"].noul for request in requests]
+    assert max(abs(b - t) for b, t in zip(base, tuned_p)) > 1e-3
+    assert all(0.0 <= p <= 1.0 for p in tuned_p)
 
 
 def test_head_round_trips_through_its_file(engine: LocalDecisionModel, adapter_dir: Path) -> None:
