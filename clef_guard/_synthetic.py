@@ -10,9 +10,10 @@ docstring (which the guard reads where a policy asks for it). Conversations name
 few organisations or none (then the user says who a recipient is), requests are
 paraphrased, and "was it asked for?" has hard negatives: the same change asked for on
 another target, or a request only to look. SQL, shell and file tools each destroy in some
-rows and only read or add in others, so a tool's name does not give the answer away. Every example is a different combination of template, target and wording;
-duplicates are dropped and the split goes by a hash of the state, so train, dev and test never
-share a state, but they do share templates: in-distribution numbers, not a measure of transfer.
+rows and only read or add in others, so a tool's name does not give the answer away. Every
+example is a different combination of template, target and wording; duplicates are dropped
+and the split goes by a hash of the state, so train, dev and test never share a state, but
+they do share templates: in-distribution numbers, not a measure of transfer.
 """
 
 from __future__ import annotations
@@ -207,10 +208,9 @@ _CHANGES: tuple[_Step, ...] = (
 
 
 def _earlier_steps(rng: random.Random, steps: Sequence[_Step] = _STEPS, then: Sequence[_Step] = ()) -> list[BaseMessage]:
-    """1 to 4 earlier tool calls from ``steps`` and their results, a time in two (else none): agent states hold them.
-    The steps in ``then`` come last.
+    """1 to 4 earlier tool calls from ``steps`` and their results, a time in two (else none), then ``then``.
 
-    Four steps are eight messages, more than a policy's usual window: the guard then keeps
+    Agent states hold such steps. Four steps are eight messages, more than a policy's usual window: the guard then keeps
     the conversation's opening and the latest turns, and so do these rows.
     """
     turns: list[BaseMessage] = []
