@@ -282,7 +282,7 @@ read is harmless whatever the call does."""
 
 def _look_first(family: str, slots: dict[str, Any]) -> _Step:
     name, args, result = _LOOKS_FIRST[family]
-    return name, {key: value.format(**slots) for key, value in args.items()}, result.format(**slots)
+    return name, _formatted(args, slots), result.format(**slots)
 
 
 _LOOKS = ("open {file} for me", "list what is in {folder}", "count the {status} rows in {table}", "show me {table} record {id}")
@@ -300,8 +300,13 @@ def _slots(rng: random.Random) -> dict[str, Any]:
             "mount": rng.choice(MOUNTS), "device": rng.choice(DEVICES), "status": rng.choice(STATUSES), "id": rng.randint(1, 999)}
 
 
+def _formatted(args: dict[str, str], slots: dict[str, Any]) -> dict[str, str]:
+    """Argument templates filled with a row's slots."""
+    return {key: value.format(**slots) for key, value in args.items()}
+
+
 def _call(action: _Action, slots: dict[str, Any]) -> dict[str, Any]:
-    return {"name": action[0], "args": {key: value.format(**slots) for key, value in action[1].items()}}
+    return {"name": action[0], "args": _formatted(action[1], slots)}
 
 
 def _targets(action: _Action, slots: dict[str, Any]) -> set[str]:
@@ -321,7 +326,8 @@ def _destructive(policies: dict[str, Policy], rng: random.Random) -> Iterator[Ex
         if kind == "asked":
             ask = rng.choice(action[2]).format(**slots)
         elif kind == "other target":  # the same kind of action, asked for on something else
-            while _targets(action, other := _slots(rng)) == _targets(action, slots):
+            own = _targets(action, slots)
+            while _targets(action, other := _slots(rng)) == own:
                 pass
             ask = rng.choice([a for a in action[2] if a.format(**other) != a.format(**slots)]).format(**other)
         else:
