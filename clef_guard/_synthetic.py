@@ -311,7 +311,7 @@ def _call(action: _Action, slots: dict[str, Any]) -> dict[str, Any]:
 
 def _targets(action: _Action, slots: dict[str, Any]) -> set[str]:
     """The words of a call's arguments: calls with the same words touch the same targets, in any order."""
-    return {word for value in _call(action, slots)["args"].values() for word in value.replace(",", " ").split()}
+    return {word for value in _formatted(action[1], slots).values() for word in value.replace(",", " ").split()}
 
 
 def _destructive(policies: dict[str, Policy], rng: random.Random) -> Iterator[Example]:
