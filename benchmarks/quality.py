@@ -44,11 +44,13 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
-from clef_guard._datasets import Example, load_task, sample_options
-from clef_guard._engine import DEFAULT_HEAD
-from clef_guard._evaluation import score
-from clef_guard._head import DecisionHead
-from clef_guard._training import Features, calibrate_head, extract_features, predict, train_head
+from clef_guard.engine.head import DecisionHead
+from clef_guard.engine.local import DEFAULT_HEAD
+from clef_guard.training.datasets import load_task, sample_options
+from clef_guard.training.evaluate import score
+from clef_guard.training.examples import Example
+from clef_guard.training.features import Features, extract_features
+from clef_guard.training.fit import calibrate_head, predict, train_head
 
 
 @dataclass(frozen=True)

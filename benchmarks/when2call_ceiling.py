@@ -22,8 +22,9 @@ import random
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from clef_guard import LocalDecisionModel
-from clef_guard._datasets import load_task
-from clef_guard._training import Features, extract_features, predict, train_head
+from clef_guard.training.datasets import load_task
+from clef_guard.training.features import Features, extract_features
+from clef_guard.training.fit import predict, train_head
 
 
 def _accuracy(train: list[Features], test: list[Features], hidden_size: int) -> list[bool]:

@@ -24,15 +24,18 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from clef_guard._audit import read_records, summarize
-from clef_guard._errors import ClefGuardError, PolicyError
-from clef_guard._gate import Guard, Verdict, rule_trace
-from clef_guard._policy import Policy, load_policy
-from clef_guard._prompt import render_question
-from clef_guard._requests import parse_questions
+from clef_guard.engine.prompt import render_question
+from clef_guard.engine.requests import parse_questions
+from clef_guard.errors import ClefGuardError, PolicyError
+from clef_guard.gate.guard import Guard
+from clef_guard.gate.rules import rule_trace
+from clef_guard.gate.verdict import Verdict
+from clef_guard.policy.load import Policy, load_policy
+from clef_guard.telemetry.audit import read_records, summarize
+from clef_guard.training import cli as training_cli
 
 if TYPE_CHECKING:
-    from clef_guard._engine import LocalDecisionModel
+    from clef_guard.engine.local import LocalDecisionModel
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = audit.add_parser("summarize", help="decisions per policy and verdict")
     summary.add_argument("files", nargs="+", type=Path, help="JSON-lines audit files")
     summary.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_training_commands(commands)
+    training_cli.add_commands(commands)
     serve = commands.add_parser("serve", help="serve the engine over HTTP (System One API)")
     serve.add_argument("--model", default=None, help="engine backbone (default: the embedded model)")
     serve.add_argument("--adapter", default=None, help="peft adapter folder for the engine")
@@ -67,10 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     if args.command in ("train", "calibrate", "eval"):
-        from clef_guard import _cli_training
-
         try:
-            return _cli_training.run(args, console)
+            return training_cli.run(args, console)
         except ClefGuardError as exc:
             Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
             return 2
@@ -83,72 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClefGuardError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
-
-
-def _add_training_commands(commands: Any) -> None:
-    engine = argparse.ArgumentParser(add_help=False)
-    engine.add_argument("--model", default=None, help="backbone (default: the embedded model)")
-    engine.add_argument("--adapter", default=None, help="peft adapter folder")
-    engine.add_argument("--limit", type=int, default=None, help="a fixed-seed random sample of N examples per task")
-    engine.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
-    engine.add_argument("--json", action="store_true", help="print one JSON object")
-    reading = argparse.ArgumentParser(add_help=False)  # how train and calibrate read their examples
-    reading.add_argument(
-        "--features", type=Path, default=None, metavar="DIR",
-        help="feature cache folder (default: $CLEF_GUARD_CACHE/features); reruns only read what is new",
-    )
-    reading.add_argument(
-        "--options", type=int, default=None, metavar="K",
-        help="ask choice questions with at most K options (the answer and K-1 drawn at random): cheaper, "
-        "and teaches the head label sets it has not seen",
-    )
-    train = commands.add_parser("train", parents=[engine, reading], help="train a decision head")
-    train.add_argument(
-        "--task", action="append", default=[],
-        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options",
-    )
-    train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
-    train.add_argument("--split", default="train")
-    train.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
-    train.add_argument("--epochs", type=int, default=None)
-    train.add_argument("--lr", type=float, default=None)
-    train.add_argument("--label-smoothing", type=float, default=None)
-    train.add_argument("--brier-weight", type=float, default=None)
-    train.add_argument(
-        "--lora-layers", type=int, default=0, metavar="K",
-        help="then train LoRA on the top K decoder layers with the head (0: head only); --out becomes an adapter "
-        "folder, and a folder holding an unfinished run resumes it",
-    )
-    train.add_argument("--lora-rank", type=int, default=None)
-    train.add_argument("--lora-epochs", type=int, default=None)
-    train.add_argument("--lora-lr", type=float, default=None)
-    calibrate = commands.add_parser("calibrate", parents=[engine, reading], help="calibrate a head and pick thresholds")
-    calibrate.add_argument("--head", type=Path, required=True, help="decision head file (updated with temperatures)")
-    calibrate.add_argument("--task", action="append", default=[], help="a task's split to calibrate on (repeat)")
-    calibrate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
-    calibrate.add_argument("--split", default="dev")
-    calibrate.add_argument(
-        "--per-question", action="store_true",
-        help="also fit one temperature per question with 30 or more examples, 5 or more of them answered wrong "
-        "(default: one per question kind)",
-    )
-    calibrate.add_argument("--target-error", type=float, default=0.01)
-    calibrate.add_argument("--confidence", type=float, default=0.95)
-    calibrate.add_argument("--out", type=Path, default=Path("calibration.yaml"), help="calibration file to write")
-    calibrate.add_argument("--plot", type=Path, default=Path("reliability.png"), help="reliability diagram (PNG)")
-    calibrate.add_argument(
-        "--policy-threshold", action="append", default=[], metavar="POLICY:NAME",
-        help="write the chosen threshold as this policy threshold in the calibration file",
-    )
-    evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
-    evaluate.add_argument("--task", default=None, help="a task from the shared datasets")
-    evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
-    evaluate.add_argument("--split", default="test")
-    evaluate.add_argument("--head", default=None, help="decision head file")
-    evaluate.add_argument(
-        "--engine", action="append", default=[], choices=["local", "zeroshot", "sparrow"],
-        help="local: our engine with its head; zeroshot: the backbone alone; sparrow: the peer (repeat to compare)",
-    )
 
 
 def _lint(paths: list[Path], console: Console) -> int:
@@ -224,7 +159,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     try:
         import uvicorn
 
-        from clef_guard._server import create_app
+        from clef_guard.server.app import create_app
     except ModuleNotFoundError as exc:
         raise ClefGuardError(f"serving needs {exc.name}: pip install 'clef-guard[serve]'") from None
     limits = {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch, "max_body_bytes": args.max_body_bytes}
@@ -238,7 +173,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
 
 
 def _load_engine(args: argparse.Namespace, console: Console) -> LocalDecisionModel:
-    from clef_guard._engine import LocalDecisionModel
+    from clef_guard.engine.local import LocalDecisionModel
 
     with console.status("Loading the engine..."):
         return LocalDecisionModel(**{k: v for k, v in {"model": args.model, "adapter": args.adapter}.items() if v})

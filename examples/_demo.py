@@ -7,10 +7,10 @@ tool calls. Everything around it (tools, graphs, checkpointer, guard, engine) is
 
 from __future__ import annotations
 
+from clef_guard.integrations.testing import ScriptedChatModel as ScriptedChatModel
 from rich.console import Console
 
 from clef_guard import Verdict
-from clef_guard.integrations.testing import ScriptedChatModel as ScriptedChatModel
 
 console = Console()
 _COLOURS = {"allow": "green", "confirm": "yellow", "escalate": "magenta", "deny": "red"}

@@ -20,15 +20,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _demo import ScriptedChatModel, console, print_verdict
+from clef_guard.integrations.langchain import GuardMiddleware
 from langchain.agents import create_agent
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
-from _demo import ScriptedChatModel, console, print_verdict
 from clef_guard import Guard, LocalDecisionModel, load_policies
-from clef_guard.integrations.langchain import GuardMiddleware
 
 POLICIES = Path(__file__).parent.parent / "policies"
 

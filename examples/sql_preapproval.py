@@ -18,6 +18,8 @@ from typing import Annotated, TypedDict
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _demo import ScriptedChatModel, console, print_verdict
+from clef_guard.integrations.langgraph import guard_node
 from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -26,9 +28,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
-from _demo import ScriptedChatModel, console, print_verdict
 from clef_guard import Guard, LocalDecisionModel, load_policy
-from clef_guard.integrations.langgraph import guard_node
 
 POLICY = Path(__file__).parent.parent / "policies" / "destructive-actions.yaml"
 STATEMENTS = [

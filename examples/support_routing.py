@@ -16,13 +16,13 @@ from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _demo import console
+from clef_guard.integrations.langgraph import intent_router
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
-from _demo import console
 from clef_guard import LocalDecisionModel
-from clef_guard.integrations.langgraph import intent_router
 
 POLICY = Path(__file__).parent.parent / "policies" / "support-routing.yaml"
 TEAMS = ("billing", "technical", "account", "sales")

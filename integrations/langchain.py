@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Unpack
 
+from clef_guard.integrations._tools import GateOptions, ToolGate
 from langchain.agents.middleware import AgentMiddleware
 from langchain.agents.middleware.types import ToolCallRequest
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
 from clef_guard import Guard
-from clef_guard.integrations._tools import GateOptions, ToolGate
 
 
 class GuardMiddleware(AgentMiddleware):

@@ -24,6 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from clef_guard.integrations._tools import (
+    GateOptions,
+    ReviewDecision,
+    ToolGate,
+    _Edited,
+)
 from langchain_core.decisions import BaseDecisionModel, Choice
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableLambda
@@ -32,8 +38,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 from clef_guard import Guard, PolicyError, Verdict, load_policy, parse_policy
-from clef_guard._policy import Policy
-from clef_guard.integrations._tools import GateOptions, ReviewDecision, ToolGate, _Edited
+from clef_guard.policy.load import Policy
 
 _ALL_DECISIONS: tuple[ReviewDecision, ...] = ("approve", "edit", "reject", "respond")
 

@@ -10,10 +10,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from langchain_core.decisions import BaseDecisionModel, Choice, ClassifierResponse, Noul, Question, State
+from langchain_core.decisions import (
+    BaseDecisionModel,
+    Choice,
+    ClassifierResponse,
+    Noul,
+    Question,
+    State,
+)
 
-from clef_guard._answers import build_answer
-from clef_guard._requests import parse_questions
+from clef_guard.engine.answers import build_answer
+from clef_guard.engine.requests import parse_questions
 
 
 class ScriptedDecisionModel(BaseDecisionModel):

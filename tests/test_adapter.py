@@ -10,7 +10,7 @@ from langchain_core.decisions import Noul
 from peft import LoraConfig, get_peft_model
 
 from clef_guard import DecisionHead, LocalDecisionModel, ModelLoadError
-from clef_guard._backbone import embedded_model_path
+from clef_guard.engine.backbone import embedded_model_path
 
 REQUEST = {"state": "rm -rf /srv/backups", "questions": {"d": Noul(instructions="Does this delete data?")}}
 
@@ -67,66 +67,31 @@ def test_the_shipped_head_loads_by_default_and_changes_answers(engine: LocalDeci
     assert abs(engine.invoke(REQUEST).nouls["d"].noul - zero_shot.invoke(REQUEST).nouls["d"].noul) > 1e-3
 
 
-def test_a_first_format_head_applies_its_one_set_of_weights_to_every_kind(engine: LocalDecisionModel, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 5, 6])
+def test_a_head_in_an_older_format_is_refused_with_what_to_do(engine: LocalDecisionModel, tmp_path: Path, version: int) -> None:
     from safetensors.torch import save_file
 
     width = engine.backbone.hidden_size
-    torch.manual_seed(1)
-    weight = torch.randn(1, width)
-    save_file(
-        {"proj.weight": weight, "proj.bias": torch.tensor([0.5]), "lm_weight": torch.tensor(2.0),
-         "log_temperature": torch.zeros(3)},
-        str(tmp_path / "v1.safetensors"),
-        metadata={"format": "clef-guard-head/1", "hidden_size": str(width)},
-    )
-    head = DecisionHead.load(tmp_path / "v1.safetensors", width)
-    hidden, logprob = torch.randn(2, width), torch.tensor([-1.0, -2.0])
-    expected = hidden @ weight[0] + 0.5 + 2.0 * logprob
-    with torch.no_grad():
-        for kind in ("noul", "choice", "score"):
-            assert torch.allclose(head(hidden, logprob, kind), expected, atol=1e-5)
-
-
-@pytest.mark.parametrize("version", [2, 3, 4])
-def test_heads_before_format_5_read_wide_choices_with_the_backbone(
-    engine: LocalDecisionModel, tmp_path: Path, version: int
-) -> None:
-    """/2 had no wide reading; /3 learned one on wide features the engine no longer computes, /4 a
-    bilinear match over standardised vectors that the symmetric map replaced."""
-    from safetensors.torch import save_file
-
-    width, readings = engine.backbone.hidden_size, min(version + 1, 4)  # /3 added the wide reading
-    torch.manual_seed(2)
-    old = {"proj.weight": torch.randn(readings, width), "proj.bias": torch.randn(readings),
-           "lm_weight": torch.rand(readings), "log_temperature": torch.zeros(readings)}
-    if version >= 3:
-        old |= {"query_proj": torch.randn(128, width), "label_proj": torch.randn(128, width)}
-    if version == 4:
-        old |= {f"{side}_{stat}": torch.rand(width) for side in ("query", "label") for stat in ("center", "scale")}
+    tensors = {name: value for name, value in DecisionHead(width).state_dict().items()}
     path = tmp_path / f"v{version}.safetensors"
-    save_file(old, str(path), metadata={"format": f"clef-guard-head/{version}", "hidden_size": str(width)})
-    head = DecisionHead.load(path, width)
-    hidden, logprob, query = torch.randn(20, width), torch.randn(20), torch.randn(width)
-    with torch.no_grad():
-        assert torch.allclose(head(hidden, logprob, "choice"), hidden @ old["proj.weight"][1] + old["proj.bias"][1]
-                              + old["lm_weight"][1] * logprob, atol=1e-4)
-        assert torch.allclose(head(hidden, logprob, "wide", query), logprob)
+    save_file(tensors, str(path), metadata={"format": f"clef-guard-head/{version}", "hidden_size": str(width)})
+    with pytest.raises(ModelLoadError, match=rf"v{version}.safetensors.*clef-guard-head/{version}.*retrain it"):
+        DecisionHead.load(path, width)
+    with pytest.raises(ModelLoadError, match="retrain it"):
+        LocalDecisionModel(head=str(path))
 
 
-def test_a_format_5_head_keeps_its_wide_map_and_gains_an_empty_hidden_layer(engine: LocalDecisionModel, tmp_path: Path) -> None:
-    from safetensors.torch import save_file
-
+def test_a_head_saved_untrained_loads_its_missing_parts_as_new(engine: LocalDecisionModel, tmp_path: Path) -> None:
+    """An untrained wide map and hidden layer are left out of the file; load recreates them."""
     width = engine.backbone.hidden_size
     torch.manual_seed(3)
     trained = DecisionHead(width)
     with torch.no_grad():
-        trained.match_up.normal_()
-    old = {name: value for name, value in trained.state_dict().items() if not name.startswith("hidden_")}
-    path = tmp_path / "v5.safetensors"
-    save_file(old, str(path), metadata={"format": "clef-guard-head/5", "hidden_size": str(width)})
-    head = DecisionHead.load(path, width)
+        trained.proj.weight.normal_()
+    trained.save(tmp_path / "h.safetensors")
+    head = DecisionHead.load(tmp_path / "h.safetensors", width)
     assert not head.training, "a loaded head answers without dropout"
     hidden, logprob, query = torch.randn(20, width), torch.randn(20), torch.randn(width)
     with torch.no_grad():
-        assert torch.allclose(head(hidden, logprob, "wide", query), trained.eval()(hidden, logprob, "wide", query), atol=1e-4)
-        assert torch.allclose(head(hidden, logprob, "noul"), logprob, atol=1e-6)
+        assert torch.allclose(head(hidden, logprob, "noul"), trained.eval()(hidden, logprob, "noul"), atol=1e-5)
+        assert torch.allclose(head(hidden, logprob, "wide", query), logprob, atol=1e-6)

@@ -7,8 +7,8 @@ import math
 import pytest
 from langchain_core.decisions import Choice, Noul, Score
 
-from clef_guard._answers import build_answer, choice_confidence, score_confidence
-from clef_guard._requests import parse_questions
+from clef_guard.engine.answers import build_answer, choice_confidence, score_confidence
+from clef_guard.engine.requests import parse_questions
 
 
 def test_choice_confidence_is_zero_at_uniform_and_one_at_certainty() -> None:

@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model import ScriptedDecisionModel
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from test_gate import DESTRUCTIVE, OUTBOUND
 
 from clef_guard import Guard, JsonlSpanExporter, Telemetry, parse_policy
-from clef_guard._audit import read_records, summarize
 from clef_guard.cli import main
-from model import ScriptedDecisionModel
-from test_gate import DESTRUCTIVE, OUTBOUND
+from clef_guard.telemetry.audit import read_records, summarize
 
 SECRET = "hunter2-secret-token"
 

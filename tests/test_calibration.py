@@ -10,17 +10,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clef_guard._calibration import (
+from clef_guard.training.calibrate import (
     TEMPERATURE_RANGE,
     _binomial_cdf,
     brier_score,
     choose_threshold,
     clopper_pearson_upper,
     expected_calibration_error,
-    sampling_ece,
     fit_temperature,
     minimum_accepted,
     reliability_diagram,
+    sampling_ece,
 )
 
 

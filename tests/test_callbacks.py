@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from clef_guard.integrations.callbacks import (
+    AsyncGuardCallbackHandler,
+    GuardCallbackHandler,
+)
 from langchain_core.tools import tool
-
-from clef_guard import Guard, ToolBlockedError, parse_policy
-from clef_guard.integrations.callbacks import AsyncGuardCallbackHandler, GuardCallbackHandler
 from model import ScriptedDecisionModel
 from test_langchain_middleware import POLICY
+
+from clef_guard import Guard, ToolBlockedError, parse_policy
 
 
 def _write_tool(folder: Path):  # noqa: ANN202

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from clef_guard._datasets import DATASETS_ENV, SPLITS, TASKS, Example, datasets_dir, load_task, sample_options
-from clef_guard._errors import ClefGuardError
-from clef_guard._state import to_json
+from clef_guard.engine.state import to_json
+from clef_guard.errors import ClefGuardError
+from clef_guard.training.datasets import (
+    DATASETS_ENV,
+    SPLITS,
+    TASKS,
+    datasets_dir,
+    load_task,
+    sample_options,
+)
+from clef_guard.training.examples import Example
 
 try:
     ROOT = datasets_dir()
@@ -132,7 +140,7 @@ def test_tool_use_rows_follow_when2call_and_split_by_tool() -> None:
 def test_policy_split_keeps_a_states_questions_together_and_ignores_other_rows() -> None:
     """A row's split is a function of its state alone: a state's questions share it, and rows added or
     changed elsewhere in the generators move no other row (heads from different rows stay comparable)."""
-    from clef_guard._synthetic import split_of
+    from clef_guard.training.rows.policies import split_of
 
     split_of_state: dict[str, set[str]] = {}
     for split in SPLITS:
@@ -147,7 +155,7 @@ def test_policy_split_keeps_a_states_questions_together_and_ignores_other_rows()
 def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -> None:
     """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient
     (with its address, or alone: then the agent found the address)."""
-    from clef_guard._synthetic import ORGANISATIONS, RELATIONS
+    from clef_guard.training.rows.policies import ORGANISATIONS, RELATIONS
 
     rows = [row for split in SPLITS for row in load_task("policies", split)
             if row.id.startswith("outbound-communication/external/")]
@@ -169,7 +177,7 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
 
 def test_scope_rows_reach_every_level_with_earlier_changes_in_history() -> None:
     """The scope rubric is taught every level, and on histories that hold changes broader than the call."""
-    from clef_guard._synthetic import _CHANGES
+    from clef_guard.training.rows.policies import _CHANGES
 
     rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/scope/")]
     assert {row.label for row in rows} == {"0", "1", "2", "3"}
@@ -184,7 +192,7 @@ def test_scope_rows_reach_every_level_with_earlier_changes_in_history() -> None:
 def test_destructive_rows_do_not_tell_the_answer_by_the_tool_or_the_request() -> None:
     """SQL and shell calls are destructive in some rows and not in others, and every kind of request
     (asked, unrelated, only to look, another target) meets calls that destroy: the head must read the arguments."""
-    from clef_guard._synthetic import _DESTROYS, _KEEPS, _LOOKS
+    from clef_guard.training.rows.policies import _DESTROYS, _KEEPS, _LOOKS
 
     rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/destructive/")]
     for tool in ("run_sql", "shell"):

@@ -10,8 +10,8 @@ from langchain_core.decisions import Choice, ClassifierResponse, Noul, Score
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clef_guard import LocalClassifierResponse, LocalDecisionModel
-from clef_guard._prompt import label_text
-from clef_guard._requests import parse_questions
+from clef_guard.engine.prompt import label_text
+from clef_guard.engine.requests import parse_questions
 
 STATE = "Ticket #4411: production database is down since 3am and customers cannot pay."
 QUESTIONS = {

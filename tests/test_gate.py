@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from model import ScriptedDecisionModel
 
 from clef_guard import Guard, PolicyError, parse_policy
-from model import ScriptedDecisionModel
 
 DESTRUCTIVE = textwrap.dedent(
     """\

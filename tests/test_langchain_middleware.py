@@ -7,16 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clef_guard.integrations.langchain import GuardMiddleware
+from clef_guard.integrations.testing import ScriptedChatModel
 from langchain.agents import create_agent
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
-
-from clef_guard.integrations.testing import ScriptedChatModel
-from clef_guard import Guard, parse_policy
-from clef_guard.integrations.langchain import GuardMiddleware
 from model import ScriptedDecisionModel
+
+from clef_guard import Guard, parse_policy
 
 POLICY = textwrap.dedent(
     """\

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clef_guard.integrations.testing import ScriptedChatModel
 from langchain.agents import create_agent
-from langchain.agents.middleware import AutoModeMiddleware, ModelChoice, ModelRouterMiddleware
+from langchain.agents.middleware import (
+    AutoModeMiddleware,
+    ModelChoice,
+    ModelRouterMiddleware,
+)
 from langchain_core.decisions import ChoiceAnswer
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 
-from clef_guard.integrations.testing import ScriptedChatModel
 from clef_guard import LocalDecisionModel
 
 

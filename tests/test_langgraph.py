@@ -7,6 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from clef_guard.integrations.langgraph import (
+    guard_node,
+    guarded_tool_node,
+    intent_router,
+)
+from clef_guard.integrations.testing import ScriptedChatModel
 from langchain_core.decisions import Choice
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -16,12 +22,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
-
-from clef_guard.integrations.testing import ScriptedChatModel
-from clef_guard import Guard, LocalDecisionModel, parse_policy
-from clef_guard.integrations.langgraph import guard_node, guarded_tool_node, intent_router
 from model import ScriptedDecisionModel
 from test_langchain_middleware import POLICY
+
+from clef_guard import Guard, LocalDecisionModel, parse_policy
 
 CONFIG = {"configurable": {"thread_id": "g"}}
 

@@ -26,7 +26,7 @@ from clef_guard import (
     RemoteEngineError,
     RequestError,
 )
-from clef_guard._server import create_app
+from clef_guard.server.app import create_app
 
 QUESTIONS = {
     "refund": Noul(instructions="Is the customer asking for money back?"),

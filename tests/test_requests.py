@@ -6,7 +6,7 @@ import pytest
 from langchain_core.decisions import Box, Choice, Noul, Score
 
 from clef_guard import LocalDecisionModel, RequestError, UnsupportedQuestionError
-from clef_guard._requests import parse_questions
+from clef_guard.engine.requests import parse_questions
 
 
 def _noul() -> Noul:

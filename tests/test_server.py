@@ -19,7 +19,7 @@ from model import ScriptedDecisionModel
 from pydantic import Field
 
 from clef_guard import LocalDecisionModel, RemoteDecisionModel
-from clef_guard._server import create_app
+from clef_guard.server.app import create_app
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -10,20 +10,17 @@ import torch
 from langchain_core.decisions import Noul
 
 from clef_guard import DecisionHead, LocalDecisionModel
-from clef_guard._datasets import Example
-from clef_guard._requests import parse_questions
-from clef_guard._training import (
-    AdapterConfig,
-    Features,
+from clef_guard.engine.requests import parse_questions
+from clef_guard.training.examples import Example
+from clef_guard.training.features import Features, extract_features
+from clef_guard.training.fit import (
     TrainConfig,
-    _FrozenLayers,
     calibrate_head,
-    extract_features,
     option_loss,
     predict,
-    train_adapter,
     train_head,
 )
+from clef_guard.training.lora import AdapterConfig, _FrozenLayers, train_adapter
 
 QUESTION = Noul(instructions="Does the message mention an animal?")
 ANIMALS = ["cat", "dog", "horse", "parrot", "rabbit", "goat", "tiger", "sheep", "mouse", "duck", "whale", "eagle"]

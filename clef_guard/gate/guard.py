@@ -1,0 +1,392 @@
+"""The gate: match policies, ask the engine once, apply the rules, combine the verdicts.
+
+One check, in order:
+
+1. every policy that applies to the call (tool glob, step, ``applies_to.when``, phase);
+2. the questions of all of them, merged (identical questions asked once) into one
+   engine request per distinct state view, under a timeout;
+3. each policy's rules in order over its answers: the first that holds decides, else
+   the policy's ``default``; an engine or rule failure gives the policy's ``on_error``;
+4. the strictest action wins (deny > escalate > confirm > allow), every reason is kept;
+5. ``escalate`` asks the same questions of the stronger engine when one is configured,
+   then hands what is still unclear to a human reviewer when the integration has one,
+   and denies otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict, Unpack
+
+from langchain_core.decisions import BaseDecisionModel, ClassifierResponse
+
+from clef_guard.errors import EngineTimeoutError, PolicyError
+from clef_guard.gate.rules import evaluate_rules
+from clef_guard.gate.verdict import PolicyDecision, Verdict
+from clef_guard.gate.view import engine_state
+from clef_guard.policy.calibration import load_calibration
+from clef_guard.policy.load import Policy
+from clef_guard.policy.schema import SEVERITY
+from clef_guard.telemetry.spans import Telemetry
+
+_log = logging.getLogger("clef_guard")
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="clef-guard")
+
+
+class CheckOptions(TypedDict, total=False):
+    """Keyword options of :meth:`Guard.check` and :meth:`Guard.acheck`."""
+
+    phase: str
+    """``before_tool`` (default), ``after_tool`` (with ``tool_result``) or ``route``."""
+    step: str | None
+    """The graph step or route name, matched against ``applies_to.steps``."""
+    context: Mapping[str, Any]
+    """Extra facts for CEL conditions (``context.<key>``); never shown to the engine."""
+    tool_description: str | None
+    """The tool's description, shown to the engine when a policy asks for it."""
+    tool_result: Any
+    """What the tool returned, for ``after_tool`` checks."""
+
+
+@dataclass
+class _Check:
+    """One check in progress."""
+
+    call: dict[str, Any]
+    state: Any
+    context: dict[str, Any]
+    description: str | None
+    policies: list[Policy]
+    groups: list[_Group]
+    start: float
+    phase: str
+    start_ns: int = field(default_factory=time.time_ns)
+    errors: list[BaseException] = field(default_factory=list)
+    input_tokens: int = 0
+
+
+@dataclass
+class _Group:
+    """Policies sharing one state view, asked in one engine request."""
+
+    state: dict[str, Any]
+    questions: dict[str, Any] = field(default_factory=dict)
+    """Engine question id -> question (identical questions share an id)."""
+    ids: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(policy, question id) -> engine question id."""
+    policies: list[Policy] = field(default_factory=list)
+
+
+class Guard:
+    """Checks tool calls against policies with a decision model.
+
+    Parameters
+    ----------
+    policies
+        Loaded policies (:func:`clef_guard.load_policies`).
+    engine
+        Any ``BaseDecisionModel``; the embedded ``LocalDecisionModel`` when omitted.
+    escalation
+        A stronger ``BaseDecisionModel`` asked when a rule says ``escalate``.
+    human_review
+        Whether a human can review escalations (integrations that can interrupt set it);
+        without one, and without an answer from ``escalation``, escalations are denied.
+    timeout_s
+        Limit on each engine call; past it every waiting policy takes its ``on_error``.
+    calibration
+        A calibration file (or mapping) whose thresholds override the policies'.
+    on_verdict
+        Callables given every verdict as it is made (logging, UIs, tests); an error in
+        one is logged and never changes the verdict.
+    telemetry
+        Where decisions are recorded as OpenTelemetry spans and metrics; the global
+        providers, with no content captured, when omitted.
+    """
+
+    def __init__(
+        self,
+        policies: Sequence[Policy],
+        *,
+        engine: BaseDecisionModel | None = None,
+        escalation: BaseDecisionModel | None = None,
+        human_review: bool = False,
+        timeout_s: float | None = 10.0,
+        calibration: str | Path | Mapping[str, Any] | None = None,
+        on_verdict: Sequence[Callable[[Verdict], None]] = (),
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        overrides = load_calibration(calibration) if calibration is not None else {}
+        by_name = {p.name: p for p in policies}
+        unknown = set(overrides) - set(by_name)
+        if unknown:
+            raise PolicyError(f"calibration names policies {sorted(unknown)} that are not loaded", field="policies")
+        self.policies = [p.with_thresholds(overrides[p.name]) if p.name in overrides else p for p in policies]
+        self._calibrated = set(overrides)
+        self._engine = engine
+        self.escalation = escalation
+        self.human_review = human_review
+        self.timeout_s = timeout_s
+        self.on_verdict = list(on_verdict)
+        self.telemetry = telemetry or Telemetry()
+
+    @property
+    def engine(self) -> BaseDecisionModel:
+        """The decision model; the embedded engine is loaded on first use."""
+        if self._engine is None:
+            from clef_guard.engine.local import LocalDecisionModel
+
+            self._engine = LocalDecisionModel()
+        return self._engine
+
+    def matching(self, tool_call: Mapping[str, Any], *, phase: str = "before_tool", step: str | None = None, context: Mapping[str, Any] | None = None) -> list[Policy]:
+        """The policies that apply to ``tool_call`` at this phase and step."""
+        return self._matching(_normalise_call(tool_call), phase, step, context or {})
+
+    def _matching(self, call: dict[str, Any], phase: str, step: str | None, context: Mapping[str, Any]) -> list[Policy]:
+        return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context, tool=call)]
+
+    def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
+        """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
+        return self.check_many([tool_call], state, **options)[0]
+
+    async def acheck(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
+        """Async twin of :meth:`check`."""
+        return (await self.acheck_many([tool_call], state, **options))[0]
+
+    def check_many(
+        self,
+        tool_calls: Sequence[Mapping[str, Any]],
+        state: Any = None,
+        *,
+        descriptions: Mapping[str, str] | None = None,
+        **options: Unpack[CheckOptions],
+    ) -> list[Verdict]:
+        """Check calls proposed together (parallel tool calls) in one engine batch.
+
+        ``descriptions`` maps tool names to their descriptions. The calls share the
+        state, so a local engine's prefix cache serves all but the first.
+        """
+        runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
+        decisions = self._decide_runs(runs, self._ask(self.engine, [g for r in runs for g in r.groups]))
+        again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
+        if any(again):
+            replies = self._ask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
+            decisions = self._merge_runs(runs, decisions, again, replies)
+        return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
+
+    async def acheck_many(
+        self,
+        tool_calls: Sequence[Mapping[str, Any]],
+        state: Any = None,
+        *,
+        descriptions: Mapping[str, str] | None = None,
+        **options: Unpack[CheckOptions],
+    ) -> list[Verdict]:
+        """Async twin of :meth:`check_many`."""
+        runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
+        decisions = self._decide_runs(runs, await self._aask(self.engine, [g for r in runs for g in r.groups]))
+        again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
+        if any(again):
+            replies = await self._aask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
+            decisions = self._merge_runs(runs, decisions, again, replies)
+        return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
+
+    def _decide_runs(self, runs: list[_Check], replies: list[ClassifierResponse | Exception]) -> list[list[PolicyDecision]]:
+        """Split one batch of replies back to the checks that asked them."""
+        decided, offset = [], 0
+        for run in runs:
+            decided.append(self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
+            offset += len(run.groups)
+        return decided
+
+    def _merge_runs(
+        self,
+        runs: list[_Check],
+        decisions: list[list[PolicyDecision]],
+        again: list[list[_Group]],
+        replies: list[ClassifierResponse | Exception],
+    ) -> list[list[PolicyDecision]]:
+        merged, offset = [], 0
+        for run, first, groups in zip(runs, decisions, again, strict=True):
+            second = self._decide_all(run, groups, replies[offset : offset + len(groups)], escalated=True)
+            merged.append(_merge_escalated(first, second))
+            offset += len(groups)
+        return merged
+
+    def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
+        call = _normalise_call(tool_call, options.get("tool_result"))
+        context = dict(options.get("context") or {})
+        phase = options.get("phase", "before_tool")
+        policies = self._matching(call, phase, options.get("step"), context)  # call keeps its result
+        run = _Check(call, state, context, options.get("tool_description"), policies, [], time.perf_counter(), phase)
+        run.groups.extend(self._groups(run, policies))
+        return run
+
+    def _groups(self, run: _Check, policies: list[Policy]) -> list[_Group]:
+        """One engine request per distinct state view; identical questions asked once."""
+        groups: dict[str, _Group] = {}
+        for policy in policies:
+            view_key = policy.state.model_dump_json()
+            group = groups.get(view_key)
+            if group is None:
+                group = groups[view_key] = _Group(state=engine_state(policy, run.call, run.state, run.description))
+            group.policies.append(policy)
+            for qid, question in policy.questions.items():
+                key = question.model_dump_json()
+                shared = next((eid for eid, q in group.questions.items() if q.model_dump_json() == key), None)
+                if shared is None:
+                    shared = f"q{len(group.questions)}"
+                    group.questions[shared] = question
+                group.ids[(policy.name, qid)] = shared
+        return list(groups.values())
+
+    def _escalation_groups(self, run: _Check, decisions: list[PolicyDecision]) -> list[_Group]:
+        """Requests for the escalation engine: the policies that said ``escalate``."""
+        if self.escalation is None:
+            return []
+        escalating = {d.policy for d in decisions if d.action == "escalate"}
+        return self._groups(run, [p for p in run.policies if p.name in escalating])
+
+    def _ask(self, engine: BaseDecisionModel, groups: list[_Group]) -> list[ClassifierResponse | Exception]:
+        """One engine batch for ``groups``; failures and the timeout come back as exceptions."""
+        if not groups:
+            return []
+        requests = [{"state": g.state, "questions": g.questions} for g in groups]
+        future = _EXECUTOR.submit(engine.batch, requests, return_exceptions=True)
+        try:
+            return list(future.result(timeout=self.timeout_s))
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
+        except Exception as exc:  # any engine failure must fail closed, never propagate as allow
+            return [exc] * len(groups)
+
+    async def _aask(self, engine: BaseDecisionModel, groups: list[_Group]) -> list[ClassifierResponse | Exception]:
+        """Async twin of :meth:`_ask`."""
+        if not groups:
+            return []
+        requests = [{"state": g.state, "questions": g.questions} for g in groups]
+        try:
+            return list(await asyncio.wait_for(engine.abatch(requests, return_exceptions=True), timeout=self.timeout_s))
+        except TimeoutError:
+            return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
+        except Exception as exc:  # any engine failure must fail closed
+            return [exc] * len(groups)
+
+    def _decide_all(
+        self, run: _Check, groups: list[_Group], replies: list[ClassifierResponse | Exception], *, escalated: bool = False
+    ) -> list[PolicyDecision]:
+        """Each policy's decision from its group's reply; a failed reply fails closed."""
+        decisions = []
+        for group, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, Exception):
+                run.errors.append(reply)
+            elif reply.usage is not None:
+                run.input_tokens += int(reply.usage.get("input_tokens") or 0)
+            for policy in group.policies:
+                calibrated = policy.name in self._calibrated
+                answers = None
+                if isinstance(reply, Exception):
+                    error = _describe(reply)
+                else:
+                    missing = [qid for qid in policy.questions if group.ids[(policy.name, qid)] not in reply.answers]
+                    error = f"the engine's response lacks questions {missing}" if missing else None
+                    answers = {qid: reply.answers[group.ids[(policy.name, qid)]] for qid in policy.questions} if not missing else None
+                if answers is None:
+                    decisions.append(
+                        PolicyDecision(policy.name, policy.on_error, None, f"guard failed closed: {error}", {},
+                                       policy.thresholds, calibrated, error, escalated)
+                    )
+                else:
+                    decisions.append(
+                        evaluate_rules(policy, answers, run.call, run.context, calibrated=calibrated, escalated=escalated)
+                    )
+        return decisions
+
+    def _publish(self, runs: list[_Check], verdicts: list[Verdict]) -> list[Verdict]:
+        for run, verdict in zip(runs, verdicts, strict=True):
+            try:
+                self.telemetry.record(verdict, start_ns=run.start_ns, state=run.state, errors=run.errors)
+            except Exception:  # auditing must never change or block a verdict
+                _log.exception("recording a decision failed")
+            for listener in self.on_verdict:
+                try:
+                    listener(verdict)
+                except Exception:  # a listener must never change or block a verdict
+                    _log.exception("an on_verdict listener failed")
+        return verdicts
+
+    def _verdict(self, run: _Check, decisions: list[PolicyDecision]) -> Verdict:
+        call, start = run.call, run.start
+        engine_name = getattr(self._engine, "model", None) if self._engine is not None else None
+        escalation_name = getattr(self.escalation, "model", None) if self.escalation is not None else None
+        errors = [d.error for d in decisions if d.error]
+        if not decisions:
+            return Verdict(
+                "allow", None, None, "no policy applies", (), call, _ms(start), engine_name, escalation_name, None, run.phase, 0
+            )
+        final = max(decisions, key=lambda d: SEVERITY[d.action])
+        action, message = final.action, final.message
+        if action == "escalate" and not self.human_review:
+            action = "deny"
+            message = (final.message + " " if final.message else "") + (
+                "(escalation was needed, and no stronger engine settled it and no human reviewer is configured)"
+            )
+        return Verdict(
+            action=action,
+            policy=final.policy,
+            rule=final.rule,
+            message=message,
+            decisions=tuple(decisions),
+            tool_call=call,
+            latency_ms=_ms(start),
+            engine=engine_name,
+            escalation_engine=escalation_name,
+            error="; ".join(errors) or None,
+            phase=run.phase,
+            input_tokens=run.input_tokens,
+        )
+
+
+
+
+def _normalise_call(tool_call: Mapping[str, Any], result: Any = None) -> dict[str, Any]:
+    name = tool_call.get("name")
+    if not isinstance(name, str) or not name:
+        raise PolicyError("a tool call needs a non-empty 'name'", field="tool_call.name")
+    args = tool_call.get("args") or {}
+    if not isinstance(args, Mapping):
+        raise PolicyError("a tool call's 'args' must be a mapping", field="tool_call.args")
+    args_json = json.dumps(dict(args), default=str, sort_keys=True, ensure_ascii=False)
+    call = {"name": name, "args": json.loads(args_json), "args_json": args_json, "id": str(tool_call.get("id") or "")}
+    if result is not None:
+        call["result"] = result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True)
+    return call
+
+
+def _with_description(
+    options: CheckOptions, call: Mapping[str, Any], descriptions: Mapping[str, str] | None
+) -> CheckOptions:
+    if descriptions and call.get("name") in descriptions:
+        return {**options, "tool_description": descriptions[call["name"]]}
+    return options
+
+
+def _merge_escalated(first: list[PolicyDecision], again: list[PolicyDecision]) -> list[PolicyDecision]:
+    replaced = {d.policy: d for d in again}
+    return [replaced.get(d.policy, d) for d in first]
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _ms(start: float) -> float:
+    return 1000 * (time.perf_counter() - start)

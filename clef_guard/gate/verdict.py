@@ -1,0 +1,68 @@
+"""What the gate decides: one :class:`PolicyDecision` per policy, combined into a :class:`Verdict`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """What one policy decided, and from what."""
+
+    policy: str
+    action: str
+    rule: str | None
+    """The rule that held; ``None`` for the policy's default or its ``on_error``."""
+    message: str
+    answers: dict[str, Any]
+    """This policy's answers (``langchain_core.decisions`` answers), by question id."""
+    thresholds: dict[str, float]
+    calibrated: bool
+    error: str | None = None
+    escalated: bool = False
+    """Whether these answers came from the escalation engine."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's decision for one tool call (or route)."""
+
+    action: str
+    """``allow``, ``confirm``, ``escalate`` (to a human reviewer) or ``deny``."""
+    policy: str | None
+    rule: str | None
+    message: str
+    decisions: tuple[PolicyDecision, ...]
+    tool_call: dict[str, Any]
+    latency_ms: float
+    engine: str | None
+    escalation_engine: str | None = None
+    error: str | None = None
+    phase: str = "before_tool"
+    """``before_tool`` (a proposed call), ``after_tool`` (its result) or ``route``."""
+    input_tokens: int = 0
+    """Tokens the engines read for this decision."""
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the tool may run without anyone's approval."""
+        return self.action == "allow"
+
+    @property
+    def answers(self) -> dict[str, dict[str, Any]]:
+        """Every answer, by policy then question id."""
+        return {d.policy: d.answers for d in self.decisions}
+
+    @property
+    def thresholds(self) -> dict[str, dict[str, float]]:
+        """The thresholds each policy used, after calibration."""
+        return {d.policy: d.thresholds for d in self.decisions}
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (answers as plain dicts)."""
+        data = asdict(self)
+        data["decisions"] = [
+            {**asdict(d), "answers": {k: a.model_dump() for k, a in d.answers.items()}} for d in self.decisions
+        ]
+        return data

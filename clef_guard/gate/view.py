@@ -1,0 +1,53 @@
+"""The engine's view of a check: the parts of the agent's state a policy's ``state:`` section asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from clef_guard.engine.state import _as_message
+from clef_guard.policy.load import Policy
+
+
+def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, description: str | None) -> dict[str, Any]:
+    """The state the engine sees for ``policy``: the parts its ``state:`` section asks for."""
+    view = policy.state
+    payload: dict[str, Any] = {}
+    if view.fields and isinstance(state, Mapping):
+        payload["fields"] = {k: state[k] for k in view.fields if k in state}
+    messages = _messages(state)
+    if view.messages and messages:
+        latest = messages[-view.messages :]
+        opening = _opening(messages) if view.opening else []
+        payload["messages"] = [*opening[: len(messages) - len(latest)], *latest]
+    if view.tool_call:
+        tool: dict[str, Any] = {"name": call["name"], "args": call["args"]}
+        if view.tool_description and description:
+            tool["description"] = description
+        payload["tool"] = tool
+    if view.tool_result and call.get("result") is not None:
+        payload["tool_result"] = call["result"]
+    return payload
+
+
+def _opening(messages: Sequence[Any]) -> list[Any]:
+    """The conversation's leading system turns and, right after them, its first user turn.
+
+    A mapping counts as the message it renders as (:func:`clef_guard.engine.state._as_message`).
+    """
+    for index, message in enumerate(messages):
+        read = message if isinstance(message, BaseMessage) else _as_message(message)
+        kind = read.type if read is not None else None
+        if kind != "system":
+            return list(messages[: index + (kind == "human")])
+    return list(messages)
+
+
+def _messages(state: Any) -> list[Any]:
+    if isinstance(state, Mapping):
+        state = state.get("messages")
+    if isinstance(state, Sequence) and not isinstance(state, str) and all(isinstance(m, (BaseMessage, Mapping)) for m in state):
+        return list(state)
+    return []

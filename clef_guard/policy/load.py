@@ -1,0 +1,265 @@
+"""Policy files: YAML -> validated model -> compiled policy.
+
+A policy says what it applies to, what the engine sees, which typed questions to ask,
+and an ordered list of rules (CEL conditions over the answers, the tool call and the
+context) that pick ``allow``, ``confirm``, ``escalate`` or ``deny``. Loading compiles
+every CEL program once and checks that rules only name questions and thresholds that
+exist. Every fault raises :class:`PolicyError` with the file, line, column and field.
+
+Variables a CEL expression can use:
+
+- ``answers.<question>``: a noul is its probability of yes (a double); a choice is
+  ``{choice, confidence, probabilities}``; a score is ``{score, confidence, probabilities}``
+  (probabilities keyed by the level as a string);
+- ``thresholds.<name>``: the policy's named thresholds, after calibration overrides;
+- ``tool``: ``{name, args, args_json, id}`` of the proposed call, ``args_json`` being the
+  arguments as one JSON string (sorted keys) for pattern checks; ``result`` too after it ran;
+- ``context``: what the integration adds (``step``, ``route``, user-supplied fields).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import cel
+from langchain_core.decisions import Choice, Noul, Score
+from pydantic import ValidationError
+
+from clef_guard.engine.requests import parse_questions
+from clef_guard.errors import PolicyError, RequestError
+from clef_guard.policy.locate import Locator, compose, validation_error
+from clef_guard.policy.schema import AppliesTo, PolicyFile, StateView
+
+BUILTIN_PACKAGE = "clef_guard.policy.builtin"
+"""Where the built-in policies ship (the repository's ``policies/`` folder, as package data)."""
+_BUILTIN_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+@dataclass(frozen=True)
+class CompiledRule:
+    """A rule with its CEL program compiled."""
+
+    id: str
+    then: str
+    message: str
+    source: str
+    program: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A loaded, compiled policy. Build with :func:`load_policies` or :func:`load_policy`."""
+
+    name: str
+    description: str
+    applies_to: AppliesTo
+    state: StateView
+    questions: dict[str, Noul | Choice | Score]
+    thresholds: dict[str, float]
+    rules: tuple[CompiledRule, ...]
+    default: str
+    on_error: str
+    source: str
+    _applies_program: Any = field(default=None, repr=False)
+
+    def matches(self, tool_name: str, *, phase: str, step: str | None, context: Mapping[str, Any], tool: Mapping[str, Any]) -> bool:
+        """Whether this policy checks the given call at this phase and step."""
+        if phase != self.applies_to.phase:
+            return False
+        if not any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.applies_to.tools):
+            return False
+        if self.applies_to.steps is not None and not (
+            step is not None and any(fnmatch.fnmatchcase(step, pattern) for pattern in self.applies_to.steps)
+        ):
+            return False
+        if self._applies_program is None:
+            return True
+        return self._applies_program.execute({"tool": dict(tool), "context": dict(context)}) is True
+
+    def with_thresholds(self, overrides: Mapping[str, float]) -> Policy:
+        """A copy whose named thresholds are replaced by ``overrides`` (calibration)."""
+        unknown = set(overrides) - set(self.thresholds)
+        if unknown:
+            raise PolicyError(
+                f"calibration sets thresholds {sorted(unknown)} that policy {self.name!r} does not define",
+                field="thresholds",
+                hint=f"known thresholds: {sorted(self.thresholds)}",
+            )
+        return replace(self, thresholds={**self.thresholds, **{k: float(v) for k, v in overrides.items()}})
+
+
+def builtin_policies() -> list[str]:
+    """The names of the built-in policies, each loadable by name (``load_policy("destructive-actions")``)."""
+    return sorted(entry.name.rsplit(".", 1)[0] for entry in files(BUILTIN_PACKAGE).iterdir() if entry.name.endswith(".yaml"))
+
+
+def load_policies(*paths: str | Path) -> list[Policy]:
+    """Load policy files or built-in policies by name; a folder loads its ``*.yaml`` and ``*.yml`` files in name order."""
+    found: list[Path] = []
+    for path in map(_resolve, paths):
+        if path.is_dir():
+            found += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+        else:
+            found.append(path)
+    policies = [load_policy(p) for p in found]
+    seen: dict[str, str] = {}
+    for policy in policies:
+        if policy.name in seen:
+            raise PolicyError(
+                f"policy name {policy.name!r} is already used by {seen[policy.name]}",
+                file=policy.source,
+                field="name",
+                hint="give every policy a distinct name",
+            )
+        seen[policy.name] = policy.source
+    return policies
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load and compile one policy file, or a built-in policy by name (see :func:`builtin_policies`)."""
+    path = _resolve(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"cannot read the file: {exc}", file=str(path)) from None
+    return parse_policy(text, source=str(path))
+
+
+def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
+    """Validate and compile a policy from YAML text; ``source`` names it in errors."""
+    root, data = compose(text, source)
+    if not isinstance(data, dict):
+        raise PolicyError(
+            "a policy file must be a YAML mapping", file=source, line=1, column=1, hint="start with 'version: 1'"
+        )
+    try:
+        spec = PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, root, source) from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PolicyError(f"invalid policy: {exc}", file=source, line=1, column=1) from None
+    where = Locator(root, source, text)
+    try:
+        parse_questions(spec.questions)
+    except RequestError as exc:
+        path = ["questions", exc.question or "", *(exc.field or "").split(".")]
+        raise where.error(str(exc).split(": ", 1)[-1], path) from None
+    applies_program = None
+    if spec.applies_to.when is not None:
+        applies_program = _compile(spec.applies_to.when, ["applies_to", "when"], where, spec)
+    rules = tuple(
+        CompiledRule(rule.id, rule.then, rule.message, rule.when, _compile(rule.when, ["rules", i, "when"], where, spec))
+        for i, rule in enumerate(spec.rules)
+    )
+    ids = [rule.id for rule in spec.rules]
+    for i, rule_id in enumerate(ids):
+        if rule_id in ids[:i]:
+            raise where.error(f"rule id {rule_id!r} is used twice", ["rules", i, "id"], hint="give each rule its own id")
+    return Policy(
+        name=spec.name,
+        description=spec.description,
+        applies_to=spec.applies_to,
+        state=spec.state,
+        questions=dict(spec.questions),
+        thresholds=dict(spec.thresholds),
+        rules=rules,
+        default=spec.default,
+        on_error=spec.on_error,
+        source=source,
+        _applies_program=applies_program,
+    )
+
+
+def probe_answers(questions: Mapping[str, Noul | Choice | Score]) -> dict[str, Any]:
+    """Answers of the right shape (uniform) for every question, to dry-run rules."""
+    probe: dict[str, Any] = {}
+    for qid, q in questions.items():
+        if isinstance(q, Noul):
+            probe[qid] = 0.5
+        elif isinstance(q, Choice):
+            labels = list(q.criteria)
+            probe[qid] = {"choice": labels[0], "confidence": 0.0, "probabilities": {k: 1 / len(labels) for k in labels}}
+        else:
+            n = len(q.criteria)
+            probe[qid] = {"score": (n - 1) / 2, "confidence": 0.0, "probabilities": {str(i): 1 / n for i in range(n)}}
+    return probe
+
+
+_REGEX_LITERAL = re.compile(r"""\.matches\(\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*\)""")
+_REFERENCE = re.compile(r"\b(answers|thresholds)\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']*)[\"']\s*\])")
+
+
+def _compile(expression: str, path: list[Any], where: Locator, spec: PolicyFile) -> Any:
+    try:
+        program = cel.compile(expression)
+    except (ValueError, RuntimeError) as exc:
+        detail = str(exc).splitlines()
+        raise where.error(
+            f"invalid CEL: {detail[0]}",
+            path,
+            hint="CEL reads like 'answers.destructive >= thresholds.destructive && tool.name == \"rm\"'",
+        ) from None
+    known = {"answers": set(spec.questions), "thresholds": set(spec.thresholds)}
+    for match in _REFERENCE.finditer(expression):
+        kind, name = match.group(1), match.group(2) or match.group(3)
+        if name not in known[kind]:
+            close = difflib.get_close_matches(name, sorted(known[kind]), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"defined: {sorted(known[kind]) or 'none'}"
+            what = "question" if kind == "answers" else "threshold"
+            raise where.error(
+                f"names {what} {name!r}, which this policy does not define", path, hint=hint, snippet=match.group(0)
+            )
+    for match in _REGEX_LITERAL.finditer(expression):
+        try:
+            cel.evaluate(f'"".matches({match.group(1)})')
+        except (RuntimeError, ValueError) as exc:
+            raise where.error(
+                f"invalid regular expression: {str(exc).splitlines()[-1].strip()}",
+                path,
+                hint="CEL uses RE2: no look-ahead, look-behind or back-references",
+                snippet=match.group(1),
+            ) from None
+    _dry_run(program, expression, path, where, spec)
+    return program
+
+
+def _dry_run(program: Any, expression: str, path: list[Any], where: Locator, spec: PolicyFile) -> None:
+    """Evaluate once on uniform answers to catch type errors and non-boolean results."""
+    context = {
+        "answers": probe_answers(spec.questions),
+        "thresholds": dict(spec.thresholds),
+        "tool": {"name": "", "args": {}, "args_json": "{}", "id": "", "result": ""},
+        "context": {},
+    }
+    try:
+        result = program.execute(context)
+    except (KeyError, IndexError):
+        return  # a missing tool argument or context key: a runtime matter, guarded by has()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise where.error(f"CEL type error: {str(exc).splitlines()[0]}", path, hint="convert with double(x) or int(x)") from None
+    except ArithmeticError as exc:  # such a rule would fail closed on every call
+        raise where.error(f"CEL arithmetic error: {exc}", path, hint="guard the divisor: 'x != 0 && y / x > 1'") from None
+    if not isinstance(result, bool):
+        raise where.error(
+            f"must be true or false, but gives a {type(result).__name__}", path, hint="compare it: 'answers.x >= 0.5'"
+        )
+
+
+def _resolve(path: str | Path) -> Path:
+    """``path`` itself, or the built-in policy's file when ``path`` is a bare name that is no file here."""
+    if isinstance(path, str) and _BUILTIN_NAME.fullmatch(path) and not Path(path).exists():
+        builtin = files(BUILTIN_PACKAGE) / f"{path}.yaml"
+        if not builtin.is_file():
+            raise PolicyError(
+                f"no such file, and no built-in policy {path!r}",
+                file=path,
+                hint=f"built-in policies: {', '.join(builtin_policies())}",
+            )
+        return Path(str(builtin))
+    return Path(path)

@@ -1,0 +1,86 @@
+"""The schema of a policy file, as pydantic models (strict: unknown fields are errors)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from langchain_core.decisions import Choice, Noul, Score
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Action = Literal["allow", "confirm", "escalate", "deny"]
+Phase = Literal["before_tool", "after_tool", "route"]
+SEVERITY: dict[str, int] = {"allow": 0, "confirm": 1, "escalate": 2, "deny": 3}
+"""Strictness order: when several policies decide, the strictest action wins."""
+
+PolicyQuestion = Annotated[Noul | Choice | Score, Field(discriminator="type")]
+_NAME = r"^[a-z0-9][a-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AppliesTo(_Strict):
+    """Which situations a policy checks."""
+
+    tools: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """Tool-name globs (``delete_*``, ``send_?mail``, ``*``)."""
+    steps: list[str] | None = None
+    """Graph step or route-name globs; ``None`` matches any step."""
+    when: str | None = None
+    """A CEL condition over ``tool`` and ``context`` (e.g. argument checks)."""
+    phase: Phase = "before_tool"
+    """``before_tool`` gates a proposed call, ``after_tool`` its result, ``route`` a branch."""
+
+
+class StateView(_Strict):
+    """What the engine sees. Serialised as a mapping with these keys, in this order:
+    ``fields``, ``messages``, ``tool`` (name, args, description), ``tool_result``."""
+
+    tool_call: bool = True
+    tool_description: bool = True
+    messages: int = Field(default=6, ge=0)
+    """How many of the latest messages to include (0: none)."""
+    opening: bool = True
+    """Also include the conversation's opening when the latest messages leave it out: its
+    leading system turns and first user turn, which say whom the agent serves and what it
+    was asked (a ``requested`` question cannot be answered without them)."""
+    fields: list[str] = Field(default_factory=list)
+    """Top-level state keys to include besides the messages."""
+    tool_result: bool = False
+
+
+class Rule(_Strict):
+    """``when`` (CEL) holds -> ``then``; the first rule that holds decides."""
+
+    id: str = Field(pattern=_NAME)
+    when: str
+    then: Action
+    message: str = ""
+    """Told to the agent (and shown to the user) when this rule decides."""
+
+
+class PolicyFile(_Strict):
+    """The schema of a policy file."""
+
+    version: Literal[1]
+    name: str = Field(pattern=_NAME)
+    description: str = ""
+    applies_to: AppliesTo = Field(default_factory=AppliesTo)
+    state: StateView = Field(default_factory=StateView)
+    questions: dict[str, PolicyQuestion] = Field(min_length=1)
+    thresholds: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=dict)
+    rules: list[Rule] = Field(min_length=1)
+    default: Action = "allow"
+    """The action when no rule holds."""
+    on_error: Action = "deny"
+    """The action when the engine fails or times out, or a rule cannot be evaluated."""
+
+    @field_validator("questions")
+    @classmethod
+    def _question_ids(cls, questions: dict[str, Any]) -> dict[str, Any]:
+        for qid in questions:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", qid):
+                raise ValueError(f"question id {qid!r} must be an identifier (letters, digits, _) to be usable in CEL")
+        return questions

@@ -1,0 +1,1 @@
+"""The System One HTTP API over a local engine (``pip install 'clef-guard[serve]'``)."""

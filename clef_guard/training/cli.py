@@ -1,0 +1,368 @@
+"""The ``train``, ``calibrate`` and ``eval`` commands (progress bars, tables, ``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from langchain_core.decisions import BaseDecisionModel
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from clef_guard.engine.backbone import EMBEDDED_MODEL
+from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
+from clef_guard.engine.local import LocalDecisionModel
+from clef_guard.engine.requests import parse_questions
+from clef_guard.errors import ClefGuardError
+from clef_guard.training.calibrate import (
+    calibration_metrics,
+    choose_threshold,
+    reliability_diagram,
+)
+from clef_guard.training.datasets import load_task, sample_options
+from clef_guard.training.evaluate import SparrowDecisionModel, evaluate, question_text
+from clef_guard.training.examples import Example, sample
+from clef_guard.training.features import Features, extract_features
+from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head
+from clef_guard.training.lora import AdapterConfig, train_adapter
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``train``, ``calibrate`` and ``eval`` to the ``clef-guard`` subcommands."""
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--model", default=None, help="backbone (default: the embedded model)")
+    engine.add_argument("--adapter", default=None, help="peft adapter folder")
+    engine.add_argument("--limit", type=int, default=None, help="a fixed-seed random sample of N examples per task")
+    engine.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    engine.add_argument("--json", action="store_true", help="print one JSON object")
+    reading = argparse.ArgumentParser(add_help=False)  # how train and calibrate read their examples
+    reading.add_argument(
+        "--features", type=Path, default=None, metavar="DIR",
+        help="feature cache folder (default: $CLEF_GUARD_CACHE/features); reruns only read what is new",
+    )
+    reading.add_argument(
+        "--options", type=int, default=None, metavar="K",
+        help="ask choice questions with at most K options (the answer and K-1 drawn at random): cheaper, "
+        "and teaches the head label sets it has not seen",
+    )
+    train = commands.add_parser("train", parents=[engine, reading], help="train a decision head")
+    train.add_argument(
+        "--task", action="append", default=[],
+        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options",
+    )
+    train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
+    train.add_argument("--split", default="train")
+    train.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
+    train.add_argument("--epochs", type=int, default=None)
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--label-smoothing", type=float, default=None)
+    train.add_argument("--brier-weight", type=float, default=None)
+    train.add_argument(
+        "--lora-layers", type=int, default=0, metavar="K",
+        help="then train LoRA on the top K decoder layers with the head (0: head only); --out becomes an adapter "
+        "folder, and a folder holding an unfinished run resumes it",
+    )
+    train.add_argument("--lora-rank", type=int, default=None)
+    train.add_argument("--lora-epochs", type=int, default=None)
+    train.add_argument("--lora-lr", type=float, default=None)
+    calibrate = commands.add_parser("calibrate", parents=[engine, reading], help="calibrate a head and pick thresholds")
+    calibrate.add_argument("--head", type=Path, required=True, help="decision head file (updated with temperatures)")
+    calibrate.add_argument("--task", action="append", default=[], help="a task's split to calibrate on (repeat)")
+    calibrate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
+    calibrate.add_argument("--split", default="dev")
+    calibrate.add_argument(
+        "--per-question", action="store_true",
+        help="also fit one temperature per question with 30 or more examples, 5 or more of them answered wrong "
+        "(default: one per question kind)",
+    )
+    calibrate.add_argument("--target-error", type=float, default=0.01)
+    calibrate.add_argument("--confidence", type=float, default=0.95)
+    calibrate.add_argument("--out", type=Path, default=Path("calibration.yaml"), help="calibration file to write")
+    calibrate.add_argument("--plot", type=Path, default=Path("reliability.png"), help="reliability diagram (PNG)")
+    calibrate.add_argument(
+        "--policy-threshold", action="append", default=[], metavar="POLICY:NAME",
+        help="write the chosen threshold as this policy threshold in the calibration file",
+    )
+    evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
+    evaluate.add_argument("--task", default=None, help="a task from the shared datasets")
+    evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--head", default=None, help="decision head file")
+    evaluate.add_argument(
+        "--engine", action="append", default=[], choices=["local", "zeroshot", "sparrow"],
+        help="local: our engine with its head; zeroshot: the backbone alone; sparrow: the peer (repeat to compare)",
+    )
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Dispatch one of the three commands."""
+    return {"train": _train, "calibrate": _calibrate, "eval": _eval}[args.command](args, console)
+
+
+@contextmanager
+def _progress(console: Console, quiet: bool) -> Iterator[Progress]:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=quiet and not console.is_terminal) as progress:
+        yield progress
+
+
+def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionModel:
+    """The engine for a command: ``--model`` and ``--adapter``, with ``head`` (none: the backbone alone)."""
+    options = {"model": args.model, "adapter": args.adapter, "head": head}
+    return LocalDecisionModel(**{k: v for k, v in options.items() if v})
+
+
+def _examples(args: argparse.Namespace) -> list[Example]:
+    parts = []
+    for spec in args.task:  # NAME, or NAME:K to ask its choices with K options (else --options)
+        task, _, options = spec.partition(":")
+        if options and not options.isdigit():
+            raise ClefGuardError(f"--task {spec!r}: write NAME or NAME:K with K a number of options")
+        parts.append((load_task(task, args.split, limit=args.limit, seed=args.seed), int(options or 0) or args.options))
+    parts += [(_jsonl_examples(file), args.options) for file in args.data]
+    examples = [e for rows, count in parts for e in (sample_options(rows, count, seed=args.seed) if count else rows)]
+    if not examples:
+        raise ClefGuardError("no examples: give --task NAME or --data FILE.jsonl")
+    return examples
+
+
+def _jsonl_examples(path: Path) -> list[Example]:
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            parsed = {p.id: p for p in parse_questions(row["questions"])}
+            for qid, label in row["labels"].items():
+                label = str(label).lower() if isinstance(label, bool) else str(label)
+                label = {"true": "yes", "false": "no"}.get(label, label) if parsed[qid].kind == "noul" else label
+                if label not in parsed[qid].options:
+                    raise ValueError(f"label {label!r} of question {qid!r} is not one of its options")
+                examples.append(Example(f"{path.name}:{number}:{qid}", row["state"], parsed[qid].source, label))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ClefGuardError(f"{path}:{number}: {exc} (rows are {{state, questions, labels}})") from None
+    return examples
+
+
+def _features(
+    args: argparse.Namespace, engine: LocalDecisionModel, examples: list[Example], console: Console, what: str
+) -> list[Features]:
+    with _progress(console, args.json) as progress:
+        bar = progress.add_task(what, total=len(examples))
+        return extract_features(
+            engine, examples, cache=args.features, on_progress=lambda done, total: progress.update(bar, completed=done)
+        )
+
+
+def _train(args: argparse.Namespace, console: Console) -> int:
+    if args.lora_layers and args.adapter:
+        raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
+    started = time.perf_counter()
+    engine = _engine(args)
+    examples = _examples(args)
+    features = _features(args, engine, examples, console, "reading examples with the backbone")
+    feature_s = time.perf_counter() - started
+    overrides = {
+        "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight
+    }
+    config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    with _progress(console, args.json) as progress:
+        bar = progress.add_task("training the head", total=config.epochs)
+        head, history = train_head(
+            features, engine.backbone.hidden_size, config, on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch)
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    head.save(args.out / HEAD_FILE)
+    report = {
+        "backbone": engine.model,
+        "adapter": engine.adapter,
+        "tasks": args.task,
+        "data": [str(d) for d in args.data],
+        "split": args.split,
+        "options": args.options,
+        "n": len(examples),
+        "config": asdict(config),
+        "loss_first_epoch": history[0],
+        "loss_last_epoch": history[-1],
+        "train_accuracy": _accuracy(predict(head, features), features),
+        "feature_seconds": round(feature_s, 1),
+        "train_seconds": round(time.perf_counter() - started - feature_s, 1),
+        "head": str(args.out / HEAD_FILE),
+    }
+    if args.lora_layers:
+        report["lora"] = _train_lora(args, console, engine, examples, head, config)
+    (args.out / "train_report.json").write_text(json.dumps(report, indent=2))
+    _print(report, args.json, console, "trained")
+    return 0
+
+
+def _train_lora(
+    args: argparse.Namespace, console: Console, engine: LocalDecisionModel, examples: list[Example],
+    head: DecisionHead, loss: TrainConfig,
+) -> dict[str, Any]:
+    """Stage two of ``train``: LoRA on the top layers with the head; ``--out`` becomes an adapter folder."""
+    overrides = {"layers": args.lora_layers, "rank": args.lora_rank, "epochs": args.lora_epochs, "lr": args.lora_lr}
+    config = replace(AdapterConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    started = time.perf_counter()
+    with _progress(console, args.json) as progress:
+        bar = progress.add_task(f"LoRA on the top {config.layers} layers", total=len(examples) * config.epochs)
+        history = train_adapter(
+            engine, examples, head, args.out, config, loss, on_step=lambda done, total: progress.update(bar, completed=done)
+        )
+    seconds = time.perf_counter() - started
+    return {
+        "config": asdict(config),
+        "epoch_losses": history.losses,
+        "epoch_seconds": history.seconds,  # the first pays for every layer, later ones for the top ones
+        "seconds": round(seconds, 1),
+        "adapter": str(args.out),
+    }
+
+
+def _calibrate(args: argparse.Namespace, console: Console) -> int:
+    engine = _engine(args, str(args.head))
+    head = DecisionHead.load(args.head, engine.backbone.hidden_size)
+    with torch.no_grad():
+        head.log_temperature.zero_()  # "before" is the uncalibrated head
+    examples = _examples(args)
+    features = _features(args, engine, examples, console, "reading the calibration split")
+    before = predict(head, features)
+    temperatures = calibrate_head(head, features, per_question=args.per_question)
+    after = predict(head, features)
+    head.save(args.head)
+    confidences = [float(p.max()) for p in after]
+    correct = [int(p.argmax()) == f.label for p, f in zip(after, features, strict=True)]
+    choice = choose_threshold(confidences, correct, target_error=args.target_error, confidence=args.confidence)
+    reliability_diagram(confidences, correct, args.plot, title=f"{', '.join([*args.task, *(d.name for d in args.data)])} ({args.split}), calibrated")
+    report = {
+        "tasks": args.task,
+        "data": [str(d) for d in args.data],
+        "split": args.split,
+        "n": len(features),
+        "temperatures": {name: t for name, t in temperatures.items() if name in READINGS},
+        "question_temperatures": _question_temperatures(examples, features, temperatures),
+        "before": _quality(before, features),
+        "after": _quality(after, features),
+        "threshold": {
+            "target_error": args.target_error,
+            "confidence": args.confidence,
+            "bound": "Clopper-Pearson upper bound, fixed-sequence testing from the strictest threshold",
+            "threshold": choice.threshold,
+            "coverage": choice.coverage,
+            "accepted": choice.accepted,
+            "errors": choice.errors,
+            "error_upper_bound": choice.error_upper_bound,
+        },
+        "plot": str(args.plot),
+        "calibration_file": str(args.out),
+    }
+    policies: dict[str, dict[str, dict[str, float]]] = {}
+    for spec in args.policy_threshold:
+        policy, _, name = spec.partition(":")
+        if not name or choice.threshold is None:
+            raise ClefGuardError(f"cannot set {spec!r}: write POLICY:NAME, and a threshold must meet the target")
+        policies.setdefault(policy, {"thresholds": {}})["thresholds"][name] = round(choice.threshold, 6)
+    args.out.write_text(yaml.safe_dump({"version": 1, "policies": policies, "report": report}, sort_keys=False))
+    _print(report, args.json, console, "calibrated")
+    return 0
+
+
+def _question_temperatures(examples: list[Example], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:
+    """Each question fitted on its own: its key, instructions (shortened), examples and temperature."""
+    asked: dict[str, tuple[str, int]] = {}
+    for example, f in zip(examples, features, strict=True):
+        if f.question in temperatures:
+            text, n = asked.get(f.question, (question_text(example), 0))
+            asked[f.question] = (text, n + 1)
+    return [{"key": key, "question": text, "n": n, "temperature": temperatures[key]} for key, (text, n) in asked.items()]
+
+
+def _eval_examples(args: argparse.Namespace) -> tuple[str, list[Example]]:
+    """What ``eval`` reads, and its name: one task's split, or labeled JSONL files (sampled alike by --limit)."""
+    if bool(args.task) == bool(args.data):
+        raise ClefGuardError("eval reads one source: give --task NAME or --data FILE.jsonl (repeatable), not both")
+    if args.task:
+        return args.task, load_task(args.task, args.split, limit=args.limit, seed=args.seed)
+    examples = [example for file in args.data for example in _jsonl_examples(file)]
+    if not examples:
+        raise ClefGuardError(f"no labeled rows in {', '.join(map(str, args.data))}")
+    return ", ".join(file.name for file in args.data), sample(examples, args.limit, args.seed)
+
+
+def _eval(args: argparse.Namespace, console: Console) -> int:
+    task, examples = _eval_examples(args)
+    split = args.split if args.task else None  # labeled rows have no split
+    engines: list[BaseDecisionModel] = []
+    for name in args.engine or ["local"]:
+        if name == "sparrow":
+            engines.append(SparrowDecisionModel())
+        elif name == "zeroshot":
+            engines.append(LocalDecisionModel(model=args.model or EMBEDDED_MODEL, adapter=args.adapter, default_head=False))
+        else:
+            engines.append(_engine(args, args.head))
+    results = []
+    for engine in engines:
+        with _progress(console, args.json) as progress:
+            bar = progress.add_task(f"{task} on {engine.model}", total=len(examples))
+            result = evaluate(
+                engine, task, examples, on_progress=lambda done, total, bar=bar: progress.update(bar, completed=done)
+            )
+        result.update({"split": split, "limit": args.limit, "seed": args.seed})
+        if isinstance(engine, LocalDecisionModel):
+            result["engine"] += " (zero-shot)" if engine.decision_head is None else " + head"
+        results.append(result)
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        return 0
+    table = Table(title=f"{task} ({split or 'labeled rows'}, n={len(examples)})")
+    metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "p50_ms")
+    table.add_column("engine")
+    for column in metrics:
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r["engine"], *(f"{r[k]:.4f}" if k != "p50_ms" else f"{r[k]:.1f}" for k in metrics))
+    console.print(table)
+    for r in results:
+        if "questions" in r:
+            table = Table(title=f"{r['engine']}, per question")
+            table.add_column("question")
+            for column in ("n", "accuracy", "ece"):
+                table.add_column(column, justify="right")
+            for q in r["questions"]:
+                table.add_row(q["question"], str(q["n"]), f"{q['accuracy']:.4f}", f"{q['ece']:.4f}")
+            console.print(table)
+    return 0
+
+
+def _quality(probabilities: list[torch.Tensor], features: list[Features]) -> dict[str, float]:
+    return calibration_metrics([p.tolist() for p in probabilities], [f.label for f in features])
+
+
+def _accuracy(probabilities: list[torch.Tensor], features: list[Features]) -> float:
+    return sum(int(p.argmax()) == f.label for p, f in zip(probabilities, features, strict=True)) / len(features)
+
+
+def _print(report: dict[str, Any], as_json: bool, console: Console, title: str) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in report.items():
+        table.add_row(key, json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+    console.print(table)

@@ -1,0 +1,141 @@
+"""Evaluate any decision model on a labeled task, through its public ``invoke``.
+
+Every example is one real request, so the numbers include everything a user pays for
+(serialisation, the engine, the head) and ``p50_ms`` is a real per-request latency.
+``SparrowDecisionModel`` wraps the peer ``sparrow-decider`` (pip, numpy, its own
+weights) so both are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain_core.decisions import (
+    BaseDecisionModel,
+    ClassifierResponse,
+    Question,
+    State,
+)
+
+from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.state import state_segments
+from clef_guard.errors import ClefGuardError
+from clef_guard.training.calibrate import calibration_metrics
+from clef_guard.training.examples import Example
+
+
+def evaluate(
+    engine: BaseDecisionModel,
+    task: str,
+    examples: Sequence[Example],
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Accuracy, macro-F1, ECE, Brier and median latency of ``engine`` on ``examples``.
+
+    Where the examples ask more than one question, ``questions`` scores each of them too.
+    """
+    if not examples:
+        raise ClefGuardError(f"task {task!r} has no examples to evaluate")
+    distributions, latencies = [], []
+    for done, example in enumerate(examples, start=1):
+        (parsed,) = parse_questions({"q": example.question})
+        start = time.perf_counter()
+        response = engine.invoke({"state": example.state, "questions": {"q": example.question}})
+        latencies.append(1000 * (time.perf_counter() - start))
+        distributions.append(_option_probabilities(response.answers["q"], parsed.options))
+        if on_progress:
+            on_progress(done, len(examples))
+    result = {
+        "task": task,
+        "engine": getattr(engine, "model", type(engine).__name__),
+        **score(examples, distributions),
+        "p50_ms": statistics.median(latencies),
+    }
+    questions = score_by_question(examples, distributions)
+    return {**result, "questions": questions} if len(questions) > 1 else result
+
+
+def score_by_question(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> list[dict[str, Any]]:
+    """:func:`score` of each question asked, named by its instructions (shortened), most examples first."""
+    groups: dict[str, tuple[str, list[int]]] = {}
+    for index, example in enumerate(examples):
+        (parsed,) = parse_questions({"q": example.question})
+        groups.setdefault(parsed.key, (question_text(example), []))[1].append(index)
+    scored = [
+        {"question": text, **score([examples[i] for i in rows], [distributions[i] for i in rows])}
+        for text, rows in groups.values()
+    ]
+    return sorted(scored, key=lambda row: -row["n"])
+
+
+def question_text(example: Example) -> str:
+    """An example's question as a person reads it in a report: its instructions, shortened."""
+    return textwrap.shorten(str(example.question.instructions), 80)
+
+
+def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """``n``, accuracy, macro-F1, ECE and Brier of option probabilities (in each question's option order).
+
+    ``ece_noise`` is the ECE a perfectly calibrated engine with the same confidences would show
+    on this many rows (:func:`sampling_ece`): the floor the measured ECE is read against.
+    """
+    if not examples:
+        raise ClefGuardError("no examples to score")
+    labels, predictions, gold = [], [], []
+    for example, probabilities in zip(examples, distributions, strict=True):
+        (parsed,) = parse_questions({"q": example.question})
+        labels.append(example.label)
+        predictions.append(parsed.options[max(range(len(probabilities)), key=probabilities.__getitem__)])
+        gold.append(parsed.options.index(example.label))
+    metrics = calibration_metrics(distributions, gold)
+    return {"n": len(examples), "accuracy": metrics.pop("accuracy"), "macro_f1": macro_f1(labels, predictions), **metrics}
+
+
+def macro_f1(labels: Sequence[str], predictions: Sequence[str]) -> float:
+    """Unweighted mean of per-class F1 over the classes present in the labels."""
+    scores = []
+    for cls in sorted(set(labels)):
+        tp = sum(1 for y, p in zip(labels, predictions, strict=True) if y == cls and p == cls)
+        fp = sum(1 for y, p in zip(labels, predictions, strict=True) if y != cls and p == cls)
+        fn = sum(1 for y, p in zip(labels, predictions, strict=True) if y == cls and p != cls)
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return sum(scores) / len(scores)
+
+
+def _option_probabilities(answer: Any, options: tuple[str, ...]) -> list[float]:
+    if answer.type == "noul":
+        return [1.0 - answer.noul, answer.noul]
+    by_key = {str(k): v for k, v in answer.probabilities.items()}
+    return [float(by_key.get(option, 0.0)) for option in options]
+
+
+class SparrowDecisionModel(BaseDecisionModel):
+    """The peer ``sparrow-decider`` as a ``BaseDecisionModel`` (a baseline in evaluations).
+
+    It reads the same serialised state text as our engine, so both see the same data.
+    """
+
+    model: str = "sparrow-nano-general-v1.1"
+    _decider: Any = None
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Load the peer's bundled weights."""
+        try:
+            from sparrow_decider import Decider
+        except ImportError as exc:
+            raise ClefGuardError("the sparrow baseline needs: pip install 'clef-guard[eval]' (sparrow-decider)") from exc
+        self._decider = Decider.load(self.model)
+
+    @property
+    def _provider(self) -> str:
+        return "sparrow_decider"
+
+    def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
+        text = "\n".join(state_segments(state))
+        wire = {qid: q.model_dump(exclude_none=True) if hasattr(q, "model_dump") else q for qid, q in questions.items()}
+        return ClassifierResponse.model_validate({"model": self.model, "answers": self._decider.ask(text, wire)})

@@ -1,0 +1,141 @@
+"""Stage one of training: what the frozen backbone reads for each labeled example, cached.
+
+The backbone runs once per labeled example (``LocalDecisionModel.encode``); for each
+option, the hidden state of its closing token and its mean log-probability are cached.
+Extraction dominates the cost of training and is resumable: features are cached per
+example in ``<cache>/features/<backbone key>.pt`` and saved as they are made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_guard.engine.backbone import cache_dir
+from clef_guard.engine.head import DecisionHead
+from clef_guard.engine.local import LocalDecisionModel
+from clef_guard.engine.requests import ParsedQuestion, parse_questions
+from clef_guard.engine.state import state_segments, to_json
+from clef_guard.training.examples import Example
+
+_SAVE_EVERY = 30.0
+"""Seconds between saves of a growing feature cache, at least (each save rewrites the file)."""
+_WIDE_FEATURES = 2
+"""Version of the wide features (2: one-word query on the penultimate layer, options read as states)."""
+
+
+@dataclass
+class Features:
+    """What the backbone read for one labeled question (see ``OptionFeatures``)."""
+
+    reading: str
+    hidden: torch.Tensor
+    lm_logprob: torch.Tensor
+    label: int
+    query: torch.Tensor | None = None
+    """Stored for wide choices only, the one reading whose head uses it."""
+    question: str | None = None
+    """The question's key (:attr:`ParsedQuestion.key`), for its own temperature."""
+
+    def logits(self, head: DecisionHead) -> torch.Tensor:
+        """The option logits ``head`` gives these features."""
+        return head(self.hidden, self.lm_logprob, self.reading, self.query, self.question)
+
+
+def extract_features(
+    engine: LocalDecisionModel,
+    examples: Sequence[Example],
+    *,
+    cache: Path | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[Features]:
+    """Features for every example, reusing (and extending) the on-disk cache."""
+    path = (cache or cache_dir() / "features") / f"{_backbone_key(engine)}.pt"
+    stored: dict[str, dict[str, Any]] = torch.load(path) if path.exists() else {}
+    features, fresh = [], 0
+    floats: dict[str, torch.Tensor] = {}  # one float copy of each shared label matrix
+    last_save, save_every = time.monotonic(), _SAVE_EVERY
+    for done, example in enumerate(examples, start=1):
+        (parsed,) = parse_questions({"q": example.question})
+        key = _example_key(example, parsed)
+        reading = engine.reading(parsed)
+        cached = stored.get(key)  # entries from before wide choices name their reading "kind"
+        if cached is None or _stale(cached, reading):
+            (encoded,) = engine.encode(example.state, [parsed]).features
+            # clone(): leave inference mode's tensors behind, so training can use them
+            hidden: torch.Tensor | str = encoded.hidden.to(torch.float16).cpu().clone()
+            if reading == "wide":  # option vectors are the question's, not the example's: store them once
+                shared = "labels:" + hashlib.sha256(hidden.numpy().tobytes()).hexdigest()
+                stored.setdefault(shared, hidden)
+                hidden = shared
+            stored[key] = {
+                "reading": reading,
+                "hidden": hidden,
+                "lm_logprob": encoded.lm_logprob.float().cpu().clone(),
+                "label": list(parsed.options).index(example.label),
+                "query": encoded.query.to(torch.float16).cpu().clone() if reading == "wide" else None,
+                "wide_features": _WIDE_FEATURES if reading == "wide" else None,
+            }
+            fresh += 1
+            if time.monotonic() - last_save > save_every:
+                save_every = max(_SAVE_EVERY, 20 * _save(stored, path))  # saving stays under 5% of the time
+                last_save = time.monotonic()
+        entry = stored[key]
+        query = entry["query"].float() if entry.get("query") is not None else None
+        hidden = entry["hidden"]
+        if isinstance(hidden, str):  # a shared label matrix: convert it once
+            if hidden not in floats:
+                floats[hidden] = stored[hidden].float()
+            hidden = floats[hidden]
+        else:
+            hidden = hidden.float()
+        features.append(Features(reading, hidden, entry["lm_logprob"], entry["label"], query, parsed.key))
+        if on_progress:
+            on_progress(done, len(examples))
+    if fresh:
+        _save(stored, path)
+    return features
+
+
+def _stale(entry: dict[str, Any], reading: str) -> bool:
+    """Whether a cached entry was read another way, or wide by an older engine."""
+    read = entry.get("reading", entry.get("kind"))
+    return read != reading or (reading == "wide" and entry.get("wide_features") != _WIDE_FEATURES)
+
+
+def _stale(entry: dict[str, Any], reading: str) -> bool:
+    """Whether a cached entry was read another way, or wide by an older engine."""
+    read = entry.get("reading", entry.get("kind"))
+    return read != reading or (reading == "wide" and entry.get("wide_features") != _WIDE_FEATURES)
+
+
+def _backbone_key(engine: LocalDecisionModel) -> str:
+    adapter = None
+    if engine.adapter is not None:  # by content: retraining into the same folder must not reuse features
+        weights = Path(engine.adapter) / "adapter_model.safetensors"
+        adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else engine.adapter
+    identity = json.dumps({"model": engine.model, "adapter": adapter, "layout": 2}, sort_keys=True)
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def _example_key(example: Example, question: ParsedQuestion) -> str:
+    """Key of an example's features: the text the engine reads and what its question asks (a new rendering is a new key)."""
+    body = to_json({"state": state_segments(example.state), "question": question.key})
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _save(stored: dict[str, Any], path: Path) -> float:
+    """Write the whole cache (atomically); returns the seconds it took."""
+    started = time.monotonic()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save(stored, staging)
+    staging.replace(path)
+    return time.monotonic() - started

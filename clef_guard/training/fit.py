@@ -1,0 +1,175 @@
+"""Fitting a decision head on cached features, and its temperatures on a dev split.
+
+The loss is label-smoothed cross-entropy plus a Brier term (which keeps the
+probabilities honest); see :class:`TrainConfig` for the shipped head's recipe.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from clef_guard.engine.head import READINGS, DecisionHead
+from clef_guard.training.calibrate import (
+    MIN_QUESTION_ERRORS,
+    MIN_TEMPERATURE_EXAMPLES,
+    fit_temperature,
+)
+from clef_guard.training.features import Features
+
+_MIN_SCALE = 1e-3
+"""Least spread a standardized feature is divided by (a dimension constant in training)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of head training: the shipped head's recipe (``make default-head``), chosen on dev splits (docs/training.md)."""
+
+    epochs: int = 80
+    lr: float = 3e-3
+    """Learning rate of the linear part (a faster one fits first and leaves the hidden layer little to learn)."""
+    match_lr: float = 1e-3
+    """Learning rate of the wide-choice map and its scale (``up @ down`` multiplies two learned matrices)."""
+    hidden_lr: float = 3e-3
+    """Learning rate of the hidden layer."""
+    weight_decay: float = 1e-3
+    label_smoothing: float = 0.05
+    brier_weight: float = 1.0
+    batch_size: int = 32
+    seed: int = 0
+
+
+def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:
+    """Label-smoothed cross-entropy plus ``brier_weight`` times the Brier score of one question."""
+    n = logits.shape[0]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    target = torch.full((n,), label_smoothing / n)
+    target[label] += 1.0 - label_smoothing
+    onehot = torch.zeros(n)
+    onehot[label] = 1.0
+    brier = ((log_probs.exp() - onehot) ** 2).sum()
+    return -(target * log_probs).sum() + brier_weight * brier
+
+
+def batch_loss(
+    head: DecisionHead, batch: Sequence[Features], *, label_smoothing: float, brier_weight: float
+) -> torch.Tensor:
+    """Mean :func:`option_loss` over a ragged batch of cached features."""
+    return torch.stack(
+        [
+            option_loss(logits, item.label, label_smoothing=label_smoothing, brier_weight=brier_weight)
+            for item, logits in zip(batch, _batch_logits(head, batch), strict=True)
+        ]
+    ).mean()
+
+
+def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.Tensor]:
+    """Each item's logits; wide items that share a question's option vectors go through ``head`` at once."""
+    logits: dict[int, torch.Tensor] = {}
+    shared: dict[tuple[int, str | None], list[tuple[int, torch.Tensor]]] = {}  # by options and question
+    for index, item in enumerate(batch):
+        if item.reading == "wide" and item.query is not None:
+            shared.setdefault((id(item.hidden), item.question), []).append((index, item.query))
+        else:
+            logits[index] = item.logits(head)
+    for group in shared.values():
+        options = batch[group[0][0]].hidden
+        scores = torch.stack([batch[index].lm_logprob for index, _ in group])
+        rows = head(options, scores, "wide", torch.stack([query for _, query in group]), batch[group[0][0]].question)
+        logits.update((index, row) for (index, _), row in zip(group, rows, strict=True))
+    return [logits[index] for index in range(len(batch))]
+
+
+def train_head(
+    features: Sequence[Features],
+    hidden_size: int,
+    config: TrainConfig = TrainConfig(),
+    *,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> tuple[DecisionHead, list[float]]:
+    """Fit a decision head on cached features; returns it and the loss of each epoch."""
+    if not features:
+        raise ValueError("no training examples")
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    head = DecisionHead(hidden_size).train()
+    listed = [f.hidden for f in features if f.reading != "wide"]
+    if sum(len(h) for h in listed) > 1:  # the features' own mean and spread (see DecisionHead)
+        rows = torch.cat(listed).float()
+        head.feature_mean.copy_(rows.mean(0))
+        head.feature_scale.copy_(rows.std(0).clamp_min(_MIN_SCALE))
+    match = [head.match_up, head.match_down, head.log_match_scale]
+    layer = [head.hidden_out, *head.hidden_norm.parameters(), *head.hidden_in.parameters()]
+    linear = [p for p in head.parameters() if p.requires_grad and all(p is not m for m in (*match, *layer))]
+    optimizer = torch.optim.AdamW(
+        [{"params": linear}, {"params": match, "lr": config.match_lr}, {"params": layer, "lr": config.hidden_lr}],
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+    )
+    order = list(range(len(features)))
+    history = []
+    for epoch in range(config.epochs):
+        rng.shuffle(order)
+        total = 0.0
+        for start in range(0, len(order), config.batch_size):
+            batch = [features[i] for i in order[start : start + config.batch_size]]
+            optimizer.zero_grad()
+            loss = batch_loss(head, batch, label_smoothing=config.label_smoothing, brier_weight=config.brier_weight)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(batch)
+        history.append(total / len(order))
+        if on_epoch:
+            on_epoch(epoch + 1, history[-1])
+    with torch.no_grad():  # weight decay moved readings the data never asked: give them the backbone back
+        for index, reading in enumerate(READINGS):
+            if not any(f.reading == reading for f in features):
+                head.proj.weight[index].zero_()
+                head.proj.bias[index].zero_()
+                head.hidden_out[index].zero_()
+                head.lm_weight[index] = 1.0
+    return head.eval(), history
+
+
+def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_question: bool = False) -> dict[str, float]:
+    """Fit the head's temperatures on ``features`` (a dev split), in place.
+
+    Each reading gets one temperature; with ``per_question``, so does each question with
+    at least :data:`MIN_TEMPERATURE_EXAMPLES` examples of which :data:`MIN_QUESTION_ERRORS`
+    are answered wrong (its own replaces its reading's).
+    Readings with fewer keep temperature 1 (see :func:`fit_temperature`). Returns the
+    temperature of every reading present, then of every question fitted (by key).
+    """
+    with torch.no_grad():
+        head.log_temperature.zero_()
+        head.question_temperatures = {}
+        raw = _batch_logits(head, features)
+        members: dict[str, list[int]] = {}  # a reading's examples, then a question's (keys are 16 hex digits)
+        for index, f in enumerate(features):
+            members.setdefault(f.reading, []).append(index)
+            if per_question and f.question is not None:
+                members.setdefault(f.question, []).append(index)
+        wrong = {i for i, f in enumerate(features) if int(raw[i].argmax()) != f.label}
+        temperatures = {
+            name: fit_temperature([raw[i] for i in mine], [features[i].label for i in mine])
+            for name, mine in members.items()
+            if name in READINGS or (len(mine) >= MIN_TEMPERATURE_EXAMPLES and len(wrong.intersection(mine)) >= MIN_QUESTION_ERRORS)
+        }
+        for index, reading in enumerate(READINGS):
+            if reading in temperatures:
+                head.log_temperature[index] = math.log(temperatures[reading])
+        head.question_temperatures = {k: t for k, t in temperatures.items() if k not in READINGS}
+    return temperatures
+
+
+def predict(head: DecisionHead | None, features: Sequence[Features]) -> list[torch.Tensor]:
+    """Option probabilities per example (the backbone alone when ``head`` is ``None``)."""
+    with torch.no_grad():
+        logits = _batch_logits(head, features) if head is not None else [f.lm_logprob for f in features]
+        return [torch.softmax(row, dim=-1) for row in logits]
+
+

@@ -1,0 +1,1 @@
+"""Generated labeled rows for questions no public set labels: the shipped policies' and tool use."""

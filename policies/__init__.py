@@ -1,0 +1,1 @@
+"""The built-in policies, shipped as package data (``clef_guard.policy.builtin``): load one by name."""
