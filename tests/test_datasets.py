@@ -177,11 +177,11 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
 
 def test_scope_rows_reach_every_level_with_earlier_changes_in_history() -> None:
     """The scope rubric is taught every level, and on histories that hold changes broader than the call."""
-    from clef_guard.training.rows.policies import _CHANGES
+    from clef_guard.training.rows.policies import CHANGES
 
     rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/scope/")]
     assert {row.label for row in rows} == {"0", "1", "2", "3"}
-    changes = {to_json(args) for _, args, _ in _CHANGES}
+    changes = {to_json(args) for _, args, _ in CHANGES}
     after_changes = [
         row for row in rows
         if any(to_json(call["args"]) in changes for turn in row.state["messages"][:-1] for call in getattr(turn, "tool_calls", []))
@@ -192,13 +192,13 @@ def test_scope_rows_reach_every_level_with_earlier_changes_in_history() -> None:
 def test_destructive_rows_do_not_tell_the_answer_by_the_tool_or_the_request() -> None:
     """SQL and shell calls are destructive in some rows and not in others, and every kind of request
     (asked, unrelated, only to look, another target) meets calls that destroy: the head must read the arguments."""
-    from clef_guard.training.rows.policies import _DESTROYS, _KEEPS, _LOOKS
+    from clef_guard.training.rows.policies import DESTROYS, KEEPS, LOOKS
 
     rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/destructive/")]
     for tool in ("run_sql", "shell"):
         assert {row.label for row in rows if row.state["tool"]["name"] == tool} == {"yes", "no"}, tool
     only_looks = [re.compile(re.sub(r"\\\{\w+\\\}", r"\\S+", re.escape(look)), re.IGNORECASE)
-                  for look in _LOOKS if all(look not in asks for _, _, asks, _ in _DESTROYS + _KEEPS)]
+                  for look in LOOKS if all(look not in asks for _, _, asks, _ in DESTROYS + KEEPS)]
     looks = [row for row in rows if any(
         look.search(turn.content) for look in only_looks for turn in row.state["messages"] if turn.type == "human"
     )]

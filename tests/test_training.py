@@ -20,7 +20,7 @@ from clef_guard.training.fit import (
     predict,
     train_head,
 )
-from clef_guard.training.lora import AdapterConfig, _FrozenLayers, train_adapter
+from clef_guard.training.lora import AdapterConfig, FrozenLayers, train_adapter
 
 QUESTION = Noul(instructions="Does the message mention an animal?")
 ANIMALS = ["cat", "dog", "horse", "parrot", "rabbit", "goat", "tiger", "sheep", "mouse", "duck", "whale", "eagle"]
@@ -226,7 +226,7 @@ def test_frozen_layers_run_once_and_their_output_is_reused_exactly(engine: Local
     decoder = engine.backbone.decoder
     bottom_calls: list[int] = []
     handle = decoder.layers[0].register_forward_hook(lambda *_: bottom_calls.append(1))
-    below = _FrozenLayers(decoder, 2)
+    below = FrozenLayers(decoder, 2)
     try:
         with below.reused(7):
             (first,) = engine.encode_for_training("A goat ate the lamp.", questions)

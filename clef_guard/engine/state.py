@@ -81,7 +81,7 @@ def _render(value: Any, out: list[str], path: str) -> None:
         out.append(value)
     elif isinstance(value, BaseMessage):
         out.append(render_message(value))
-    elif isinstance(value, Mapping) and (message := _as_message(value)) is not None:
+    elif isinstance(value, Mapping) and (message := as_message(value)) is not None:
         out.append(render_message(message))
     elif isinstance(value, Mapping):
         for key in sorted(value, key=str):
@@ -100,7 +100,7 @@ def _render(value: Any, out: list[str], path: str) -> None:
         )
 
 
-def _as_message(value: Mapping[str, Any]) -> BaseMessage | None:
+def as_message(value: Mapping[str, Any]) -> BaseMessage | None:
     """The message a role/content mapping stands for, or ``None`` when it is other data."""
     if not isinstance(value.get("role"), str) or "content" not in value or not set(value) <= _MESSAGE_KEYS:
         return None

@@ -7,7 +7,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from clef_guard.engine.state import _as_message
+from clef_guard.engine.state import as_message
 from clef_guard.policy.load import Policy
 
 
@@ -35,10 +35,10 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
 def _opening(messages: Sequence[Any]) -> list[Any]:
     """The conversation's leading system turns and, right after them, its first user turn.
 
-    A mapping counts as the message it renders as (:func:`clef_guard.engine.state._as_message`).
+    A mapping counts as the message it renders as (:func:`clef_guard.engine.state.as_message`).
     """
     for index, message in enumerate(messages):
-        read = message if isinstance(message, BaseMessage) else _as_message(message)
+        read = message if isinstance(message, BaseMessage) else as_message(message)
         kind = read.type if read is not None else None
         if kind != "system":
             return list(messages[: index + (kind == "human")])

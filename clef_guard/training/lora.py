@@ -3,7 +3,7 @@
 LoRA matrices on the top layers of the backbone, trained with the stage-one loss jointly
 with the head. Every step runs the backbone forward again, so it costs far more than
 stage one; keeping LoRA to the top layers keeps the backward pass short, and the frozen
-layers below run once per example (:class:`_FrozenLayers`).
+layers below run once per example (:class:`FrozenLayers`).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def train_adapter(
     steps = len(order) * config.epochs
     for _ in history.losses:
         rng.shuffle(order)  # replay the finished epochs' shuffles
-    below = _FrozenLayers(engine.backbone.decoder, config.layers)
+    below = FrozenLayers(engine.backbone.decoder, config.layers)
     with torch.enable_grad():
         for epoch in range(len(history.losses), config.epochs):
             rng.shuffle(order)
@@ -141,7 +141,7 @@ def train_adapter(
     return history
 
 
-class _FrozenLayers:
+class FrozenLayers:
     """Runs the layers below the LoRA ones once per example and reuses what they produce.
 
     Those layers are frozen, so their output for an example never changes: the first pass
