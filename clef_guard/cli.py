@@ -95,6 +95,9 @@ def _lint(paths: list[Path], console: Console) -> int:
         except PolicyError as exc:
             errors += 1
             console.print(f"[red]✗[/red] {exc}", highlight=False, soft_wrap=True)
+        except Exception as exc:  # one unreadable file must not stop the others from being linted
+            errors += 1
+            console.print(f"[red]✗[/red] {file}: cannot be read: {type(exc).__name__}: {exc}", highlight=False, soft_wrap=True)
         else:
             console.print(f"[green]✓[/green] {file}: {policy.name} ({len(policy.questions)} questions, {len(policy.rules)} rules)", highlight=False)
     if not files:

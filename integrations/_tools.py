@@ -11,7 +11,8 @@ A verdict becomes the framework's action:
   An edited call is gated again before it runs: if the policy would stop it, it does not run;
 
 after the tool runs, its result is checked by the ``after_tool`` policies (prompt
-injection): a denied result is withheld from the agent.
+injection): a denied result is withheld from the agent. A tool that answers with a
+``Command`` has every tool message in its update checked the same way.
 
 Parallel tool calls proposed in one model turn are gated together: the first of them to
 arrive checks all siblings in one engine batch, and the others wait for that batch.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -83,12 +86,10 @@ class ToolGate:
             outcome = self.after_edit(outcome.call, self.guard.check(outcome.call, request.state, tool_description=_description(request)))
         if isinstance(outcome, ToolMessage):
             return outcome
-        to_run = request.override(tool_call=outcome)
-        result = handler(to_run)
-        if not self.check_results or not isinstance(result, ToolMessage):
-            return result
-        verdict = self.guard.check(outcome, request.state, phase="after_tool", tool_result=result.text)
-        return self._screen(result, verdict)
+        result = handler(request.override(tool_call=outcome))
+        found = _tool_results(result) if self.check_results else []
+        verdicts = [self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text) for m in found]
+        return self._screened(result, found, verdicts)
 
     async def awrap(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
@@ -101,10 +102,9 @@ class ToolGate:
         if isinstance(outcome, ToolMessage):
             return outcome
         result = await handler(request.override(tool_call=outcome))
-        if not self.check_results or not isinstance(result, ToolMessage):
-            return result
-        verdict = await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=result.text)
-        return self._screen(result, verdict)
+        found = _tool_results(result) if self.check_results else []
+        verdicts = [await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text) for m in found]
+        return self._screened(result, found, verdicts)
 
     def review(self, call: ToolCall, verdict: Verdict) -> ToolCall | ToolMessage | _Edited:
         """What to do with ``call``: run it (the call), answer instead (a message), or re-gate an edit."""
@@ -162,6 +162,19 @@ class ToolGate:
         message.content = f"The reviewer's edited call was checked again and stopped. {message.content}"
         return message
 
+    def _screened(
+        self, result: ToolMessage | Command[Any], found: list[ToolMessage], verdicts: list[Verdict]
+    ) -> ToolMessage | Command[Any]:
+        """``result`` with each of its tool messages that the ``after_tool`` policies deny withheld."""
+        replaced = {id(m): self._screen(m, v) for m, v in zip(found, verdicts, strict=True)}
+        if isinstance(result, ToolMessage) or not replaced:
+            return replaced.get(id(result), result)  # type: ignore[return-value]
+        update = {
+            key: [replaced.get(id(m), m) for m in value] if isinstance(value, list) else value
+            for key, value in result.update.items()
+        }
+        return dataclasses.replace(result, update=update)
+
     def _screen(self, result: ToolMessage, verdict: Verdict) -> ToolMessage:
         """Withhold a tool result that the ``after_tool`` policies deny."""
         if verdict.action in ("allow", "confirm"):
@@ -176,13 +189,17 @@ class ToolGate:
             status="error",
         )
 
-    def verdicts(self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None) -> list[Verdict]:
+    def verdicts(
+        self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None, *, thread: str = ""
+    ) -> list[Verdict]:
         """Verdicts for calls proposed together, computed once in one engine batch.
 
         Concurrent callers asking about the same calls wait for the same batch, and a
-        node re-run on resume reuses it instead of deciding (and recording) again.
+        node re-run on resume reuses it instead of deciding (and recording) again. A batch
+        is reused only for the same calls in the same ``thread`` on the same state: a model
+        that reuses tool-call ids never gets another conversation's verdict.
         """
-        key = _batch_key(calls)
+        key = _batch_key(thread, state, calls)
         with self._lock:
             future = self._batches.get(key)
             owner = future is None
@@ -198,10 +215,10 @@ class ToolGate:
         return future.result()
 
     async def averdicts(
-        self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None
+        self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None, *, thread: str = ""
     ) -> list[Verdict]:
         """Async twin of :meth:`verdicts`."""
-        key = ("async", *_batch_key(calls))
+        key = ("async", *_batch_key(thread, state, calls))
         with self._lock:
             task = self._batches.get(key)
             if task is None:
@@ -210,11 +227,11 @@ class ToolGate:
 
     def _sibling_verdict(self, request: ToolCallRequest) -> Verdict:
         calls, index = _siblings(request)
-        return self.verdicts(calls, request.state, _descriptions(request))[index]
+        return self.verdicts(calls, request.state, _descriptions(request), thread=thread_of(request.runtime.config))[index]
 
     async def _asibling_verdict(self, request: ToolCallRequest) -> Verdict:
         calls, index = _siblings(request)
-        return (await self.averdicts(calls, request.state, _descriptions(request)))[index]
+        return (await self.averdicts(calls, request.state, _descriptions(request), thread=thread_of(request.runtime.config)))[index]
 
     def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
         self._batches[key] = value
@@ -239,8 +256,31 @@ def blocked_message(call: Mapping[str, Any], verdict: Verdict) -> ToolMessage:
     return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"], status="error")
 
 
-def _batch_key(calls: Sequence[ToolCall]) -> tuple[Any, ...]:
-    return tuple((c["id"], c["name"], json.dumps(c["args"], sort_keys=True, default=str)) for c in calls)
+def _tool_results(result: ToolMessage | Command[Any]) -> list[ToolMessage]:
+    """What a tool answered: its message, or the tool messages in its ``Command``'s update."""
+    if isinstance(result, ToolMessage):
+        return [result]
+    if isinstance(result, Command) and isinstance(result.update, Mapping):
+        return [m for value in result.update.values() if isinstance(value, list) for m in value if isinstance(m, ToolMessage)]
+    return []
+
+
+def thread_of(config: Mapping[str, Any] | None) -> str:
+    """The conversation a run belongs to: its ``thread_id`` (and checkpoint namespace), or ``""``."""
+    configurable = (config or {}).get("configurable") or {}
+    return json.dumps([str(configurable.get("thread_id", "")), str(configurable.get("checkpoint_ns", ""))])
+
+
+def _batch_key(thread: str, state: Any, calls: Sequence[ToolCall]) -> tuple[Any, ...]:
+    """What a cached batch of verdicts was decided on: the thread, the whole state and the calls."""
+    seen = json.dumps(state, sort_keys=True, default=_plain)
+    digest = hashlib.sha256(seen.encode()).hexdigest()
+    return (thread, digest, *((c["id"], c["name"], json.dumps(c["args"], sort_keys=True, default=str)) for c in calls))
+
+
+def _plain(value: Any) -> Any:
+    """JSON stand-in for what a state holds besides JSON (messages dump every field)."""
+    return value.model_dump() if hasattr(value, "model_dump") else repr(value)
 
 
 def _siblings(request: ToolCallRequest) -> tuple[list[ToolCall], int]:

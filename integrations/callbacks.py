@@ -2,7 +2,7 @@
 
 .. code-block:: python
 
-    handler = GuardCallbackHandler(guard, raise_error=True)
+    handler = GuardCallbackHandler(guard)      # fails closed: a stop raises
     chain.invoke(inputs, config={"callbacks": [handler]})
     handler.verdicts        # every tool start, as a gate decision
 
@@ -11,8 +11,9 @@ integrations there):
 
 - a handler can only *raise*: there is no way to ask a person (confirm and escalate
   are treated as stops), to edit a call, or to answer in the tool's place;
-- LangChain swallows errors from handlers unless ``raise_error=True``; without it the
-  handler only records, and every tool runs;
+- a handler stops a tool by raising with ``raise_error=True`` (the default, so it fails
+  closed); ``raise_error=False`` only records (LangChain then swallows the error), and
+  every tool runs;
 - a tool invoked without the callbacks (called directly, or in code that does not
   pass ``config`` on) is never seen;
 - an async handler on a *sync* tool cannot stop it: langchain-core runs the handler on
@@ -44,7 +45,7 @@ class _Recorder:
     stop_on: tuple[str, ...]
     raise_error: bool
 
-    def __init__(self, guard: Guard, *, raise_error: bool = False, stop_on: Sequence[str] = _STOPPING) -> None:
+    def __init__(self, guard: Guard, *, raise_error: bool = True, stop_on: Sequence[str] = _STOPPING) -> None:
         self.guard, self.raise_error, self.stop_on = guard, raise_error, tuple(stop_on)
         self.verdicts = []
 
@@ -70,7 +71,7 @@ class _Recorder:
 
 
 class GuardCallbackHandler(_Recorder, BaseCallbackHandler):
-    """Gate every tool start; with ``raise_error=True``, raise :class:`ToolBlockedError` to stop it."""
+    """Gate every tool start and raise :class:`ToolBlockedError` to stop it (``raise_error=False``: record only)."""
 
     run_inline = True
 

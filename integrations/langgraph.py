@@ -29,16 +29,16 @@ from clef_guard.integrations._tools import (
     ReviewDecision,
     ToolGate,
     _Edited,
+    thread_of,
 )
 from langchain_core.decisions import BaseDecisionModel, Choice
 from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
-from clef_guard import Guard, PolicyError, Verdict, load_policy, parse_policy
-from clef_guard.policy.load import Policy
+from clef_guard import Guard, Policy, PolicyError, Verdict, load_policy, parse_policy
 
 _ALL_DECISIONS: tuple[ReviewDecision, ...] = ("approve", "edit", "reject", "respond")
 
@@ -91,13 +91,14 @@ def guard_node(
                 sends.append(Send(tools_node, {"__type": "tool_call_with_context", "tool_call": outcome, "state": state}))
         return Command(update={messages_key: answers}, goto=sends or back_to)
 
-    def run(state: Mapping[str, Any]) -> Command[Any]:
-        outcomes = review(state, gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state))
+    def run(state: Mapping[str, Any], config: RunnableConfig) -> Command[Any]:
+        outcomes = review(state, gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state, thread=thread_of(config)))
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
         return command(state, outcomes, guard.check_many(edits, state) if edits else [])
 
-    async def arun(state: Mapping[str, Any]) -> Command[Any]:
-        outcomes = review(state, await gate.averdicts(_last_ai_message(state, messages_key).tool_calls, state))
+    async def arun(state: Mapping[str, Any], config: RunnableConfig) -> Command[Any]:
+        calls = _last_ai_message(state, messages_key).tool_calls
+        outcomes = review(state, await gate.averdicts(calls, state, thread=thread_of(config)))
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
         return command(state, outcomes, await guard.acheck_many(edits, state) if edits else [])
 

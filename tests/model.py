@@ -21,17 +21,20 @@ from langchain_core.decisions import (
 
 from clef_guard.engine.answers import build_answer
 from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.state import to_json
 
 
 class ScriptedDecisionModel(BaseDecisionModel):
     """Answers from ``script``: instruction substring -> P(yes) or option probabilities.
 
     A noul not in the script gets 0.5; a choice or score gets a uniform distribution.
+    ``on_state`` maps a text in the state to the P(yes) of every noul, before ``script``.
     ``calls`` records every request; ``delay_s`` and ``fail`` simulate a slow or broken engine.
     """
 
     model: str = "scripted"
     script: dict[str, Any] = {}
+    on_state: dict[str, float] = {}
     delay_s: float = 0.0
     fail: bool = False
     calls: list[dict[str, Any]] = []
@@ -47,8 +50,12 @@ class ScriptedDecisionModel(BaseDecisionModel):
         if self.fail:
             raise RuntimeError("scripted engine failure")
         answers = {}
+        seen = to_json(state)
+        by_state = next((p for text, p in self.on_state.items() if text in seen), None)
         for parsed in parse_questions(questions):
             wanted = next((v for k, v in self.script.items() if k in str(parsed.instructions)), None)
+            if by_state is not None and isinstance(parsed.source, Noul):
+                wanted = by_state
             answers[parsed.id] = build_answer(parsed, _distribution(parsed.source, parsed.options, wanted))
         return ClassifierResponse(model=self.model, answers=answers)
 

@@ -30,11 +30,16 @@ def _guard() -> Guard:
     return Guard([parse_policy(POLICY)], engine=ScriptedDecisionModel())
 
 
-def test_records_without_stopping_by_default(tmp_path: Path) -> None:
-    handler = GuardCallbackHandler(_guard())
-    _write_tool(tmp_path).invoke({"name": "keep.txt", "text": "x"}, config={"callbacks": [handler]})
-    assert (tmp_path / "keep.txt").exists()  # recorded only: callbacks cannot stop without raise_error
-    (verdict,) = handler.verdicts
+def test_stops_by_default_and_only_records_when_told(tmp_path: Path) -> None:
+    """Fail closed: LangChain swallows a handler's error unless it raises, so raising is the default."""
+    write = _write_tool(tmp_path)
+    with pytest.raises(ToolBlockedError, match="rule 'protected'"):
+        write.invoke({"name": "keep.txt", "text": "x"}, config={"callbacks": [GuardCallbackHandler(_guard())]})
+    assert not (tmp_path / "keep.txt").exists()
+    recorder = GuardCallbackHandler(_guard(), raise_error=False)
+    write.invoke({"name": "keep.txt", "text": "x"}, config={"callbacks": [recorder]})
+    assert (tmp_path / "keep.txt").exists()  # recorded only
+    (verdict,) = recorder.verdicts
     assert verdict.action == "deny" and verdict.rule == "protected"
 
 

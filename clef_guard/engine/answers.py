@@ -11,11 +11,13 @@ threshold means the same here as on a hosted decision model:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from langchain_core.decisions import ChoiceAnswer, NoulAnswer, ScoreAnswer
 
 from clef_guard.engine.requests import ParsedQuestion
+from clef_guard.errors import EngineError
 
 Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
@@ -42,7 +44,13 @@ def score_confidence(probabilities: Sequence[float]) -> float:
 
 
 def build_answer(question: ParsedQuestion, probabilities: Sequence[float]) -> Answer:
-    """Answer ``question`` from probabilities given in the order of ``question.options``."""
+    """Answer ``question`` from probabilities given in the order of ``question.options``.
+
+    Raises :class:`EngineError` when they are not finite and non-negative with a positive
+    sum (a NaN from a corrupt head or fp16 overflow): a gate then applies ``on_error``.
+    """
+    if not all(math.isfinite(p) and p >= 0.0 for p in probabilities) or not sum(probabilities) > 0.0:
+        raise EngineError(f"question {question.id!r}: the engine computed probabilities that are not finite")
     probs = _normalised(probabilities)
     if question.kind == "noul":
         return NoulAnswer(type="noul", noul=probs[1])

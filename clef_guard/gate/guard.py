@@ -28,7 +28,7 @@ from typing import Any, TypedDict, Unpack
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse
 
 from clef_guard.errors import EngineTimeoutError, PolicyError
-from clef_guard.gate.rules import evaluate_rules
+from clef_guard.gate.rules import evaluate_rules, failed_decision
 from clef_guard.gate.verdict import PolicyDecision, Verdict
 from clef_guard.gate.view import engine_state
 from clef_guard.policy.calibration import load_calibration
@@ -37,7 +37,8 @@ from clef_guard.policy.schema import SEVERITY
 from clef_guard.telemetry.spans import Telemetry
 
 _log = logging.getLogger("clef_guard")
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="clef-guard")
+_WORKERS = 8
+"""Engine calls one Guard runs at once (its own pool: a hung engine stalls that Guard alone)."""
 
 
 class CheckOptions(TypedDict, total=False):
@@ -70,6 +71,8 @@ class _Check:
     start_ns: int = field(default_factory=time.time_ns)
     errors: list[BaseException] = field(default_factory=list)
     input_tokens: int = 0
+    failed: list[PolicyDecision] = field(default_factory=list)
+    """Decisions made before the engine was asked: policies whose ``applies_to.when`` failed."""
 
 
 @dataclass
@@ -123,7 +126,16 @@ class Guard:
         telemetry: Telemetry | None = None,
     ) -> None:
         overrides = load_calibration(calibration) if calibration is not None else {}
-        by_name = {p.name: p for p in policies}
+        by_name: dict[str, Policy] = {}
+        for policy in policies:
+            if policy.name in by_name:
+                raise PolicyError(
+                    f"two policies are named {policy.name!r} ({by_name[policy.name].source} and {policy.source}); "
+                    "their answers would mix",
+                    field="name",
+                    hint="give every policy a distinct name",
+                )
+            by_name[policy.name] = policy
         unknown = set(overrides) - set(by_name)
         if unknown:
             raise PolicyError(f"calibration names policies {sorted(unknown)} that are not loaded", field="policies")
@@ -135,6 +147,7 @@ class Guard:
         self.timeout_s = timeout_s
         self.on_verdict = list(on_verdict)
         self.telemetry = telemetry or Telemetry()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="clef-guard")
 
     @property
     def engine(self) -> BaseDecisionModel:
@@ -174,10 +187,10 @@ class Guard:
         state, so a local engine's prefix cache serves all but the first.
         """
         runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
-        decisions = self._decide_runs(runs, self._ask(self.engine, [g for r in runs for g in r.groups]))
+        decisions = self._decide_runs(runs, self._ask([g for r in runs for g in r.groups]))
         again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
         if any(again):
-            replies = self._ask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
+            replies = self._ask([g for groups in again for g in groups], escalation=True)
             decisions = self._merge_runs(runs, decisions, again, replies)
         return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
 
@@ -191,10 +204,10 @@ class Guard:
     ) -> list[Verdict]:
         """Async twin of :meth:`check_many`."""
         runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
-        decisions = self._decide_runs(runs, await self._aask(self.engine, [g for r in runs for g in r.groups]))
+        decisions = self._decide_runs(runs, await self._aask([g for r in runs for g in r.groups]))
         again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
         if any(again):
-            replies = await self._aask(self.escalation, [g for groups in again for g in groups])  # type: ignore[arg-type]
+            replies = await self._aask([g for groups in again for g in groups], escalation=True)
             decisions = self._merge_runs(runs, decisions, again, replies)
         return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
 
@@ -202,7 +215,7 @@ class Guard:
         """Split one batch of replies back to the checks that asked them."""
         decided, offset = [], 0
         for run in runs:
-            decided.append(self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
+            decided.append(run.failed + self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
             offset += len(run.groups)
         return decided
 
@@ -224,9 +237,17 @@ class Guard:
         call = _normalise_call(tool_call, options.get("tool_result"))
         context = dict(options.get("context") or {})
         phase = options.get("phase", "before_tool")
-        policies = self._matching(call, phase, options.get("step"), context)  # call keeps its result
-        run = _Check(call, state, context, options.get("tool_description"), policies, [], time.perf_counter(), phase)
-        run.groups.extend(self._groups(run, policies))
+        run = _Check(call, state, context, options.get("tool_description"), [], [], time.perf_counter(), phase)
+        for policy in self.policies:  # the call keeps its result, for after_tool conditions
+            try:
+                applies = policy.matches(call["name"], phase=phase, step=options.get("step"), context=context, tool=call)
+            except Exception as exc:  # a condition that cannot be read may hide a match: fail closed
+                run.errors.append(exc)
+                run.failed.append(failed_decision(policy, f"applies_to.when could not be evaluated: {_describe(exc)}"))
+                continue
+            if applies:
+                run.policies.append(policy)
+        run.groups.extend(self._groups(run, run.policies))
         return run
 
     def _groups(self, run: _Check, policies: list[Policy]) -> list[_Group]:
@@ -254,13 +275,14 @@ class Guard:
         escalating = {d.policy for d in decisions if d.action == "escalate"}
         return self._groups(run, [p for p in run.policies if p.name in escalating])
 
-    def _ask(self, engine: BaseDecisionModel, groups: list[_Group]) -> list[ClassifierResponse | Exception]:
-        """One engine batch for ``groups``; failures and the timeout come back as exceptions."""
+    def _ask(self, groups: list[_Group], *, escalation: bool = False) -> list[ClassifierResponse | Exception]:
+        """One engine batch for ``groups``; failures (the engine's load too) and the timeout come back as exceptions."""
         if not groups:
             return []
         requests = [{"state": g.state, "questions": g.questions} for g in groups]
-        future = _EXECUTOR.submit(engine.batch, requests, return_exceptions=True)
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         try:
+            future = self._pool.submit(self._batch, requests, escalation, deadline)
             return list(future.result(timeout=self.timeout_s))
         except concurrent.futures.TimeoutError:
             future.cancel()
@@ -268,12 +290,21 @@ class Guard:
         except Exception as exc:  # any engine failure must fail closed, never propagate as allow
             return [exc] * len(groups)
 
-    async def _aask(self, engine: BaseDecisionModel, groups: list[_Group]) -> list[ClassifierResponse | Exception]:
+    def _batch(self, requests: list[dict[str, Any]], escalation: bool, deadline: float | None) -> list[Any]:
+        if deadline is not None and time.monotonic() > deadline:  # waited past its timeout for a worker: skip the work
+            raise EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")
+        engine = self.escalation if escalation else self.engine
+        assert engine is not None  # escalation groups exist only with an escalation engine
+        return engine.batch(requests, return_exceptions=True)
+
+    async def _aask(self, groups: list[_Group], *, escalation: bool = False) -> list[ClassifierResponse | Exception]:
         """Async twin of :meth:`_ask`."""
         if not groups:
             return []
         requests = [{"state": g.state, "questions": g.questions} for g in groups]
         try:
+            engine = self.escalation if escalation else self.engine
+            assert engine is not None  # escalation groups exist only with an escalation engine
             return list(await asyncio.wait_for(engine.abatch(requests, return_exceptions=True), timeout=self.timeout_s))
         except TimeoutError:
             return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
@@ -300,10 +331,7 @@ class Guard:
                     error = f"the engine's response lacks questions {missing}" if missing else None
                     answers = {qid: reply.answers[group.ids[(policy.name, qid)]] for qid in policy.questions} if not missing else None
                 if answers is None:
-                    decisions.append(
-                        PolicyDecision(policy.name, policy.on_error, None, f"guard failed closed: {error}", {},
-                                       policy.thresholds, calibrated, error, escalated)
-                    )
+                    decisions.append(failed_decision(policy, str(error), calibrated=calibrated, escalated=escalated))
                 else:
                     decisions.append(
                         evaluate_rules(policy, answers, run.call, run.context, calibrated=calibrated, escalated=escalated)

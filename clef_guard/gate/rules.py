@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,17 +22,54 @@ def evaluate_rules(
     calibrated: bool = False,
     escalated: bool = False,
 ) -> PolicyDecision:
-    """Apply ``policy``'s rules in order to its answers: the first that holds decides."""
+    """Apply ``policy``'s rules in order to its answers: the first that holds decides.
+
+    An answer that is not a usable probability (NaN, infinite, out of ``[0, 1]``) or a
+    rule that cannot be evaluated gives the policy's ``on_error``: it never reads as allow.
+    """
+    unusable = next((f"answer {qid!r} {problem}" for qid, a in answers.items() if (problem := answer_problem(a))), None)
+    if unusable is not None:
+        return failed_decision(policy, f"the engine's {unusable}", answers=answers, calibrated=calibrated, escalated=escalated)
     variables = cel_variables(policy, answers, call, context)
     for rule in policy.rules:
         try:
             holds = rule.program.execute(variables)
         except Exception as exc:  # a rule that cannot be evaluated fails closed
             error = f"rule {rule.id!r} could not be evaluated: {exc}"
-            return PolicyDecision(policy.name, policy.on_error, rule.id, f"guard failed closed: {error}", dict(answers), policy.thresholds, calibrated, error, escalated)
+            return failed_decision(policy, error, rule=rule.id, answers=answers, calibrated=calibrated, escalated=escalated)
         if holds is True:
             return PolicyDecision(policy.name, rule.then, rule.id, rule.message, dict(answers), policy.thresholds, calibrated, None, escalated)
     return PolicyDecision(policy.name, policy.default, None, "", dict(answers), policy.thresholds, calibrated, None, escalated)
+
+
+def failed_decision(
+    policy: Policy,
+    error: str,
+    *,
+    rule: str | None = None,
+    answers: Mapping[str, Any] | None = None,
+    calibrated: bool = False,
+    escalated: bool = False,
+) -> PolicyDecision:
+    """``policy``'s ``on_error`` decision, with what went wrong."""
+    return PolicyDecision(
+        policy.name, policy.on_error, rule, f"guard failed closed: {error}", dict(answers or {}),
+        policy.thresholds, calibrated, error, escalated,
+    )
+
+
+def answer_problem(answer: Any) -> str | None:
+    """Why ``answer`` cannot be used in a rule (not an answer, or not finite probabilities), else ``None``."""
+    if isinstance(answer, NoulAnswer):
+        numbers = [answer.noul]
+    elif isinstance(answer, (ChoiceAnswer, ScoreAnswer)):
+        numbers = [*answer.probabilities.values(), answer.confidence]
+    else:
+        return f"is a {type(answer).__name__}, not a noul, choice or score answer"
+    finite_score = not isinstance(answer, ScoreAnswer) or math.isfinite(answer.score)
+    if finite_score and all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in numbers):
+        return None
+    return "is not a probability (NaN, infinite or outside [0, 1])"
 
 
 def rule_trace(

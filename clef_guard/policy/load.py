@@ -152,6 +152,14 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         raise where.error(str(exc).split(": ", 1)[-1], path) from None
     applies_program = None
     if spec.applies_to.when is not None:
+        if found := re.search(r"\b(answers|thresholds)\b", spec.applies_to.when):
+            raise where.error(
+                f"applies_to.when names {found.group(1)!r}, which it cannot read",
+                ["applies_to", "when"],
+                hint="it decides whether the engine is asked at all, so it reads tool and context only; "
+                "test answers in a rule",
+                snippet=found.group(0),
+            )
         applies_program = _compile(spec.applies_to.when, ["applies_to", "when"], where, spec)
     rules = tuple(
         CompiledRule(rule.id, rule.then, rule.message, rule.when, _compile(rule.when, ["rules", i, "when"], where, spec))

@@ -65,9 +65,23 @@ class Locator:
         return PolicyError(problem, file=self.source, line=line, column=column, field=_dotted(path), hint=hint)
 
 
+MAX_POLICY_BYTES = 256 * 1024
+"""Largest policy file read (the built-in ones are under 5 KB)."""
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists a policy file may have."""
+
+
 def compose(text: str, source: str) -> tuple[yaml.Node | None, Any]:
-    """The node tree (for positions) and the data of ``text``."""
+    """The node tree (for positions) and the data of ``text``.
+
+    Hostile files are refused before they are built: more than :data:`MAX_POLICY_BYTES`,
+    anchors or aliases (a policy needs none, and they make exponential or endless
+    documents), nesting deeper than :data:`MAX_DEPTH`, or more than one document.
+    """
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_POLICY_BYTES:
+        raise PolicyError(f"the file is larger than {MAX_POLICY_BYTES // 1024} KB", file=source, hint="a policy is a short file")
     try:
+        _screen_events(text, source)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         if root is not None:
             _reject_duplicate_keys(root, source)
@@ -83,6 +97,25 @@ def compose(text: str, source: str) -> tuple[yaml.Node | None, Any]:
             hint="check the indentation and quoting around this spot",
         ) from None
     return root, data
+
+
+def _screen_events(text: str, source: str) -> None:
+    """Walk the YAML event stream (linear, no document built) and refuse what a policy never needs."""
+    depth = documents = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        where = {"file": source, "line": event.start_mark.line + 1, "column": event.start_mark.column + 1}
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise PolicyError("anchors and aliases (&name, *name) are not allowed in a policy", hint="write the value out", **where)
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise PolicyError(f"nested deeper than {MAX_DEPTH} levels", hint="a policy is a shallow file", **where)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if documents > 1:
+                raise PolicyError("a policy file holds one YAML document", hint="put each policy in its own file", **where)
 
 
 def _reject_duplicate_keys(node: yaml.Node, source: str) -> None:
@@ -130,6 +163,9 @@ def validation_error(exc: ValidationError, root: yaml.Node | None, source: str) 
         "union_tag_invalid": "type is one of noul, choice, score",
         "union_tag_not_found": "add 'type: noul', 'type: choice' or 'type: score'",
         "string_type": "quote it: YAML reads bare yes, no, on, off, numbers and dates as other types",
+        "float_type": "write a number without quotes (YAML's yes, no, on and off are not numbers)",
+        "int_type": "write a whole number without quotes (true and false are not numbers)",
+        "bool_type": "write true or false",
     }
     return where.error(first["msg"], path, hint=hints.get(kind))
 

@@ -18,7 +18,9 @@ _NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """No unknown fields and no coercion: YAML's ``no``, ``'0.7'`` or ``true`` is not a number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class AppliesTo(_Strict):
