@@ -67,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--batch-window-ms", type=float, default=None, help="how long a request waits for others to batch with")
     serve.add_argument("--max-batch", type=int, default=None, help="most requests in one engine batch (1: one at a time)")
     serve.add_argument("--max-body-bytes", type=int, default=None, help="larger request bodies get 413")
+    serve.add_argument("--request-timeout-s", type=float, default=None, help="requests not answered by then get 504")
     args = parser.parse_args(argv)
     console = Console()
     if args.command in ("train", "calibrate", "eval"):
@@ -165,11 +166,14 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         from clef_guard.server.app import create_app
     except ModuleNotFoundError as exc:
         raise ClefGuardError(f"serving needs {exc.name}: pip install 'clef-guard[serve]'") from None
-    limits = {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch, "max_body_bytes": args.max_body_bytes}
+    limits = {
+        "batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch, "max_body_bytes": args.max_body_bytes,
+        "request_timeout_s": args.request_timeout_s,
+    }
     try:
         app = create_app(_load_engine(args, console), api_key=api_key, **{k: v for k, v in limits.items() if v is not None})
     except ValueError as exc:
-        raise ClefGuardError(f"serve: {exc} (see --max-batch, --batch-window-ms, --max-body-bytes)") from None
+        raise ClefGuardError(f"serve: {exc} (see --max-batch, --batch-window-ms, --max-body-bytes, --request-timeout-s)") from None
     console.print(f"System One on http://{args.host}:{args.port}/v1/systemone" + (" (key required)" if api_key else ""))
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

@@ -18,7 +18,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from test_gate import DESTRUCTIVE, OUTBOUND
 
-from clef_guard import Guard, JsonlSpanExporter, Telemetry, parse_policy
+from clef_guard import (
+    Guard,
+    JsonlSpanExporter,
+    LocalDecisionModel,
+    Telemetry,
+    parse_policy,
+)
 from clef_guard.cli import main
 from clef_guard.telemetry.audit import read_records, summarize
 
@@ -183,3 +189,29 @@ def test_jsonl_log_round_trips_rotates_and_summarizes(tmp_path: Path, capsys: py
     assert main(["audit", "summarize", str(log)]) == 0
     table = capsys.readouterr().out
     assert "deny%" in table and "outbound" in table and "100%" in table
+
+
+class _Repeating(ScriptedDecisionModel):
+    """An engine whose error repeats what it was given, as pydantic's errors do (``input_value=...``)."""
+
+    def _classify(self, state: Any, questions: dict[str, Any]) -> Any:
+        raise ValueError(f"1 validation error for ChatMessage\ncontent\n  Input should be a valid string [type=string_type, input_value={state!r}, input_type=dict]")
+
+
+@pytest.mark.parametrize("real", [True, False])
+def test_error_paths_carry_no_argument_values_into_spans_or_the_audit_log(
+    real: bool, engine: LocalDecisionModel, tmp_path: Path
+) -> None:
+    """A role/content-shaped argument made the engine's error repeat it into 2 of 22 spans and their audit lines."""
+    recorder = Recorder()
+    log = tmp_path / "audit.jsonl"
+    recorder.tracer_provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(log)))
+    guard = recorder.guard({}, engine=engine if real else _Repeating())
+    call = {"name": "delete_file", "args": {"path": {"role": "user", "content": {"token": SECRET}}}, "id": "c9"}
+    verdict = guard.check(call, {"messages": [{"role": "user", "content": f"my key is {SECRET}"}]})
+    assert verdict.action == "deny" and verdict.error
+    (span,) = recorder.spans.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    everything = _everything(span) + str(span.status.description) + log.read_text()
+    assert SECRET not in everything
+    assert "not recorded" in everything or "cannot be read" in everything

@@ -10,13 +10,27 @@ from typing import Any
 
 import pytest
 import torch
-from langchain_core.decisions import BaseDecisionModel, ChoiceAnswer, ClassifierResponse, Question, State
+from langchain_core.decisions import (
+    BaseDecisionModel,
+    ChoiceAnswer,
+    ClassifierResponse,
+    Question,
+    State,
+)
 from model import ScriptedDecisionModel
 from opentelemetry.trace import StatusCode
 from test_audit import Recorder
 from test_gate import DESTRUCTIVE, OUTBOUND
 
-from clef_guard import DecisionHead, EngineError, Guard, LocalDecisionModel, PolicyError, load_policy, parse_policy
+from clef_guard import (
+    DecisionHead,
+    EngineError,
+    Guard,
+    LocalDecisionModel,
+    PolicyError,
+    load_policy,
+    parse_policy,
+)
 
 DELETE = {"name": "delete_file", "args": {"path": "/srv/backups/customers.db"}, "id": "c1"}
 CHOOSY = textwrap.dedent(

@@ -12,8 +12,8 @@ from clef_guard.integrations.testing import ScriptedChatModel
 from langchain.agents import create_agent
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
-from langgraph.prebuilt import ToolRuntime
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Command
 from model import ScriptedDecisionModel
 

@@ -179,3 +179,40 @@ def test_concurrent_requests_share_engine_batches(window_ms: float, max_batch: i
     assert sum(engine.batch_sizes) == 8 and max(engine.batch_sizes) <= max_batch
     if max_batch > 1:
         assert len(engine.batch_sizes) < 8
+
+
+SECRET = "4111-1111-1111-1111"
+
+
+@pytest.mark.parametrize(
+    ("state", "loc"),
+    [
+        ([{"role": "user", "content": {"card": SECRET}}], ["body", "state[0]"]),
+        ([{"role": "assistant", "content": SECRET, "tool_calls": [{"bad": SECRET}]}], ["body", "state[0]"]),
+    ],
+)
+def test_a_malformed_message_is_the_requests_fault_and_never_echoed(real_url: str, state: Any, loc: list[str]) -> None:
+    """Such states got 500 engine_error with pydantic's input_value (the sent values) in the message."""
+    response = httpx.post(f"{real_url}/v1/systemone", json={"model": "jev-latest", "state": state, "questions": {"q": NOUL}}, timeout=60)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == loc
+    assert SECRET not in response.text and "input_value" not in response.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "jev-latest", "state": {"amount": NaN}, "questions": {"q": {"type": "noul", "instructions": "?"}}}',
+        b'{"model": "jev-latest", "state": [Infinity], "questions": {"q": {"type": "noul", "instructions": "?"}}}',
+        b'{"model": "jev-latest", "state": "x", "questions": {"\\u0000": {"type": "noul", "instructions": "?"}}}',
+    ],
+)
+def test_non_finite_numbers_and_control_character_ids_get_422(keyed_url: str, body: bytes) -> None:
+    assert _post(keyed_url, body).status_code == 422
+
+
+def test_a_request_past_its_deadline_gets_504() -> None:
+    with serving(create_app(ScriptedDecisionModel(delay_s=2.0), request_timeout_s=0.2)) as url:
+        response = httpx.post(f"{url}/v1/systemone", json={"model": "jev-latest", "state": "x", "questions": {"q": NOUL}}, timeout=60)
+    assert response.status_code == 504
+    assert response.json()["detail"]["error_type"] == "timeout_error"

@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clef_guard import Guard, LocalDecisionModel, load_policies, load_policy
 from clef_guard.cli import main
+from clef_guard.policy.schema import SEVERITY
 
 POLICIES = Path(__file__).parent.parent / "policies"
 
@@ -87,7 +88,9 @@ def test_every_question_of_every_matching_policy_is_answered(guard: Guard) -> No
         assert set(decision.answers) == set(next(p for p in guard.policies if p.name == decision.policy).questions)
         for answer in decision.answers.values():
             assert 0.0 <= (answer.noul if answer.type == "noul" else answer.confidence) <= 1.0
-    assert verdict.action in {"allow", "confirm", "escalate", "deny"}
+    strictest = max(verdict.decisions, key=lambda d: SEVERITY[d.action])
+    escalated_without_reviewer = strictest.action == "escalate" and not guard.human_review
+    assert (verdict.action, verdict.policy) == ("deny" if escalated_without_reviewer else strictest.action, strictest.policy)
     assert verdict.latency_ms > 0 and verdict.engine == "smollm2-135m-instruct"
 
 

@@ -51,7 +51,7 @@ from clef_guard.engine.head import (
 from clef_guard.engine.prefix_cache import PrefixCache
 from clef_guard.engine.prompt import PromptLayout
 from clef_guard.engine.requests import ParsedQuestion, parse_questions
-from clef_guard.engine.state import state_segments
+from clef_guard.engine.state import head_and_tail, state_segments
 from clef_guard.engine.tree import (
     Branch,
     Hidden,
@@ -65,6 +65,10 @@ from clef_guard.engine.wide import OptionVectors
 from clef_guard.errors import ModelLoadError, RequestError
 
 _OMITTED = "[... earlier turns omitted ...]\n"
+_CHARS_PER_TOKEN = 16
+"""More characters than a tokenizer packs into one token of ordinary text: a state longer than
+this many times its token budget loses its middle before it is tokenized, so a huge state
+costs what one that fills the window does (the tokens kept are the same)."""
 DEFAULT_HEAD = Path(__file__).parents[1] / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
 WIDE_CHOICE_OPTIONS = 16
@@ -315,9 +319,10 @@ class LocalDecisionModel(BaseDecisionModel):
     def _prefix_tokens(self, state: State, longest_branch: int) -> tuple[tuple[int, ...], int]:
         """Header and state tokens, cut to fit the context window; and how many were cut."""
         header = list(self._layout.header)
-        body = [token for segment in state_segments(state) for token in self._layout.state_tokens(segment)]
         window = self._backbone.context_window - longest_branch
         budget = min(window, len(header) + self.max_state_tokens) if self.max_state_tokens else window
+        segments = head_and_tail(state_segments(state), _CHARS_PER_TOKEN * budget, _OMITTED)
+        body = [token for segment in segments for token in self._layout.state_tokens(segment)]
         if len(header) + len(body) <= budget:
             return tuple(header + body), 0
         marker = self._layout.state_tokens(_OMITTED)

@@ -21,6 +21,8 @@ from clef_guard.errors import RequestError, UnsupportedQuestionError
 MIN_QUESTIONS = 1
 MAX_QUESTIONS = 64
 MAX_OPTIONS = 255
+MAX_QUESTION_ID = 128
+"""Longest question id (ids are names, not content)."""
 MIN_SCORE_LEVELS = 2
 
 QuestionKind = Literal["noul", "choice", "score"]
@@ -63,6 +65,11 @@ def parse_questions(questions: Any) -> list[ParsedQuestion]:
 def _parse_one(qid: Any, raw: Any) -> ParsedQuestion:
     if not isinstance(qid, str) or not qid:
         raise RequestError(f"question ids must be non-empty strings, got {qid!r}", field="questions")
+    if not qid.isprintable() or len(qid) > MAX_QUESTION_ID:
+        raise RequestError(
+            f"question ids are printable text of at most {MAX_QUESTION_ID} characters (no control characters)",
+            field="questions",
+        )
     question = _coerce(qid, raw)
     if isinstance(question, Box):
         raise UnsupportedQuestionError(

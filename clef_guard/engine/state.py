@@ -34,6 +34,8 @@ from clef_guard.errors import RequestError
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "id"})
+_KNOWN_ROLES = frozenset({"user", "human", "assistant", "ai", "system", "developer", "tool", "function"})
+"""Roles LangChain reads: a mapping in one of these that it cannot read is a broken message, not other data."""
 
 
 def state_segments(state: Any) -> list[str]:
@@ -41,6 +43,22 @@ def state_segments(state: Any) -> list[str]:
     segments: list[str] = []
     _render(state, segments, path="state")
     return segments
+
+
+def head_and_tail(segments: list[str], chars: int, marker: str) -> list[str]:
+    """``segments`` cut to their first quarter and last three quarters of ``chars`` characters,
+    ``marker`` between them; unchanged when they are no longer than that."""
+    if sum(map(len, segments)) <= chars:
+        return segments
+    head: list[str] = []
+    tail: list[str] = []
+    for kept, room, order in ((head, chars // 4, segments), (tail, chars - chars // 4, segments[::-1])):
+        for segment in order:
+            if room <= 0:
+                break
+            kept.append(segment[:room] if kept is head else segment[-room:])
+            room -= len(segment)
+    return [*head, marker, *tail[::-1]]
 
 
 def to_json(value: Any) -> str:
@@ -83,6 +101,8 @@ def _render(value: Any, out: list[str], path: str) -> None:
         out.append(render_message(value))
     elif isinstance(value, Mapping) and (message := as_message(value)) is not None:
         out.append(render_message(message))
+    elif isinstance(value, Mapping) and _message_shaped(value) and (set(value) <= {"role", "content"} or value["role"] in _KNOWN_ROLES):
+        raise _unreadable(value, path)
     elif isinstance(value, Mapping):
         for key in sorted(value, key=str):
             out.append(f"{key}:")
@@ -101,15 +121,33 @@ def _render(value: Any, out: list[str], path: str) -> None:
 
 
 def as_message(value: Mapping[str, Any]) -> BaseMessage | None:
-    """The message a role/content mapping stands for, or ``None`` when it is other data."""
-    if not isinstance(value.get("role"), str) or "content" not in value or not set(value) <= _MESSAGE_KEYS:
+    """The message a role/content mapping stands for, or ``None`` when it is other data (or unreadable)."""
+    if not _message_shaped(value):
         return None
     try:
         return convert_to_messages([dict(value)])[0]
-    except (KeyError, ValueError):  # a role LangChain does not know, or a tool result without its call id
-        if set(value) <= {"role", "content"}:
+    except (KeyError, ValueError, TypeError):  # a role LangChain does not know, a tool result without its call id
+        pass
+    if set(value) <= {"role", "content"}:
+        try:
             return ChatMessage(role=value["role"], content=value["content"])
-        return None
+        except ValueError:  # content that is neither text nor content blocks
+            return None
+    return None
+
+
+def _message_shaped(value: Mapping[str, Any]) -> bool:
+    return isinstance(value.get("role"), str) and "content" in value and set(value) <= _MESSAGE_KEYS
+
+
+def _unreadable(value: Mapping[str, Any], path: str) -> RequestError:
+    """Why a message-shaped mapping is not a message, without repeating what it holds."""
+    content = value.get("content")
+    if not isinstance(content, (str, list)):
+        problem = f"its content is a {type(content).__name__}, not text or a list of content blocks"
+    else:
+        problem = "its tool calls or other fields are not in the shape LangChain reads"
+    return RequestError(f"a {value['role']!r} message cannot be read: {problem}", field=path)
 
 
 def _json_default(value: Any) -> Any:

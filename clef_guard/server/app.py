@@ -7,9 +7,13 @@
     GET  /healthz        liveness; never needs a key
     GET  /metrics        Prometheus text format
 
-A request that cannot be answered as written gets 422 ``{"detail": [{loc, msg, type}]}``;
-every other error ``{"detail": {"error_type", "message"}}`` (401 key, 404 model or route,
-413 body size). A 5xx means the engine or the server failed, never the request.
+A request that cannot be answered as written gets 422 ``{"detail": [{loc, msg, type}]}``
+(a malformed message in the state, NaN or Infinity anywhere, a question id with control
+characters), and no 422 repeats the values it was sent; every other error
+``{"detail": {"error_type", "message"}}`` (401 key, 404 model or route, 413 body size,
+504 past ``request_timeout_s``). A 5xx means the engine or the server failed, never the
+request. A state longer than the engine's window costs what a full window does (the
+engine drops its middle before reading it), so one huge request cannot stall the rest.
 
 Concurrent requests are gathered for up to ``batch_window_ms`` (at most ``max_batch``
 of them) and answered by one ``engine.abatch`` call, so an engine that shares forward
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -67,6 +72,7 @@ MODEL_ALIAS = "jev-latest"
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_BATCH_WINDOW_MS = 5.0
 DEFAULT_MAX_BATCH = 16
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
 
 _log = logging.getLogger(__name__)
 _SHUTDOWN = "the server shut down before answering; send the request again"
@@ -99,6 +105,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
     max_batch: int = DEFAULT_MAX_BATCH,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
 ) -> Starlette:
     """The System One app for ``engine``.
 
@@ -111,13 +118,19 @@ def create_app(
     batch_window_ms, max_batch
         How long the first waiting request waits for others, and how many go to the
         engine together; ``0`` and ``1`` answer one request at a time.
+    request_timeout_s
+        A request not answered by then (queueing included) gets 504.
     """
-    for name, value, least in (("max_batch", max_batch, 1), ("batch_window_ms", batch_window_ms, 0), ("max_body_bytes", max_body_bytes, 1)):
+    limits = (
+        ("max_batch", max_batch, 1), ("batch_window_ms", batch_window_ms, 0), ("max_body_bytes", max_body_bytes, 1),
+        ("request_timeout_s", request_timeout_s, 0.001),
+    )
+    for name, value, least in limits:
         if value < least:
             raise ValueError(f"{name} must be at least {least}, got {value}")
     metrics = _Metrics()
     batcher = _Batcher(engine, batch_window_ms / 1000, max_batch, metrics)
-    service = _Service(engine, batcher, metrics, api_key, max_body_bytes, date.today().isoformat())
+    service = _Service(engine, batcher, metrics, api_key, max_body_bytes, date.today().isoformat(), request_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -152,11 +165,15 @@ class _Service:
     api_key: str | None
     max_body_bytes: int
     serving_since: str
+    request_timeout_s: float
 
     async def systemone(self, request: Request) -> Response:
         self._authorize(request)
+        body = await self._body(request)
+        if _has_non_finite(body):
+            return _invalid([{"loc": ["body"], "msg": "NaN and Infinity are not JSON numbers", "type": "finite_number"}])
         try:
-            call = SystemOneRequest.model_validate_json(await self._body(request))
+            call = SystemOneRequest.model_validate_json(body)
         except ValidationError as exc:
             return _invalid(
                 [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False)]
@@ -166,7 +183,11 @@ class _Service:
             raise HTTPException(
                 404, f"model {call.model!r} is not served here; send {self.engine.model!r} or {MODEL_ALIAS!r}"
             )
-        response = await self.batcher.submit({"state": call.state, "questions": call.questions})
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                response = await self.batcher.submit({"state": call.state, "questions": call.questions})
+        except TimeoutError:
+            raise EngineTimeoutError(f"the request was not answered within {self.request_timeout_s} s") from None
         return JSONResponse(_wire(response), headers={"x-request-id": response.request_id or uuid.uuid4().hex})
 
     async def models(self, request: Request) -> Response:
@@ -302,6 +323,25 @@ def _as_engine_failure(exc: BaseException) -> BaseException:
     error = EngineError(f"the engine failed: {type(exc).__name__}: {exc}")
     error.__cause__ = exc
     return error
+
+
+def _has_non_finite(body: bytes) -> bool:
+    """Whether a JSON body holds NaN or Infinity, which Python's JSON (and pydantic's) read as numbers."""
+
+    def refuse(name: str) -> Any:
+        raise _NonFinite(name)
+
+    try:
+        json.loads(body, parse_constant=refuse)
+    except _NonFinite:
+        return True
+    except ValueError:  # not JSON at all: validation says where
+        return False
+    return False
+
+
+class _NonFinite(ValueError):
+    pass
 
 
 def _require_described_levels(questions: Mapping[str, Any]) -> None:

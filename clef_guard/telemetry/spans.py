@@ -5,22 +5,28 @@ under an instrumented agent or graph. It carries the verdict, the deciding polic
 rule, the thresholds, the engine, latency and tokens, and one ``gen_ai.evaluation.result``
 event per answer. Tool arguments, tool results and the state are left out unless
 ``capture_content=True``; then they are cut to ``max_content_chars`` after ``redact``.
+Without it, error texts are scrubbed too: any string of six or more characters from the
+tool call or the state (its values, not its keys or roles), and pydantic's ``input_value=``, read ``[not recorded]``, so an
+exception that repeats what it was given cannot carry it into the audit trail.
 All names live in :mod:`clef_guard.telemetry.semconv`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from langchain_core.messages import BaseMessage
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from clef_guard.engine.state import to_json
+from clef_guard.engine.state import content_text, to_json
 from clef_guard.telemetry import semconv as sc
 
 if TYPE_CHECKING:
@@ -66,27 +72,36 @@ class Telemetry:
 
     def record(self, verdict: Verdict, *, start_ns: int, state: Any, errors: Sequence[BaseException]) -> None:
         """Emit the span (and metrics) of one decision that started at ``start_ns``."""
+        scrub = _no_change if self.capture_content else _scrubber(verdict.tool_call, state)
         span = self._tracer.start_span(
             sc.SPAN_NAME.format(name=sc.GUARDRAIL_NAME),
             kind=SpanKind.INTERNAL,
             start_time=start_ns,
-            attributes=self._attributes(verdict, state),
+            attributes=self._attributes(verdict, state, scrub),
         )
         for decision in verdict.decisions:
             for qid, answer in decision.answers.items():
                 span.add_event(sc.EVALUATION_EVENT, _evaluation(decision.policy, qid, answer))
         if errors or verdict.error:
-            span.set_status(Status(StatusCode.ERROR, verdict.error or "guard error"))
+            span.set_status(Status(StatusCode.ERROR, scrub(verdict.error or "guard error")))
             span.set_attribute(sc.ERROR_TYPE, type(errors[0]).__name__ if errors else "GuardError")
             span.set_attribute(sc.FAIL_CLOSED_ACTION, verdict.action)
             for error in {id(e): e for e in errors}.values():  # a batch failure is shared by its requests
-                span.record_exception(error)
+                span.add_event(
+                    "exception",
+                    {
+                        "exception.type": type(error).__name__,
+                        "exception.message": scrub(str(error)),
+                        "exception.stacktrace": scrub("".join(traceback.format_exception(error))),
+                        "exception.escaped": False,
+                    },
+                )
         span.end(end_time=start_ns + int(verdict.latency_ms * 1e6) if verdict.latency_ms else time.time_ns())
         labels = {sc.METRIC_POLICY: verdict.policy or "none", sc.METRIC_VERDICT: verdict.action}
         self._decisions.add(1, labels)
         self._duration.record(verdict.latency_ms, labels)
 
-    def _attributes(self, verdict: Verdict, state: Any) -> dict[str, Any]:
+    def _attributes(self, verdict: Verdict, state: Any, scrub: Callable[[str], str]) -> dict[str, Any]:
         call = verdict.tool_call
         deciding = next((d for d in verdict.decisions if d.policy == verdict.policy), None)
         attributes: dict[str, Any] = {
@@ -109,7 +124,7 @@ class Telemetry:
             sc.ESCALATION_MODEL: verdict.escalation_engine,
             sc.POLICY_ID: verdict.policy,
             sc.POLICY_RULE_ID: verdict.rule,
-            sc.MESSAGE: verdict.message or None,
+            sc.MESSAGE: scrub(verdict.message) or None,
             sc.RISK_SCORE: _risk(deciding.answers) if deciding else None,
             sc.THRESHOLDS: json.dumps(verdict.thresholds, sort_keys=True) if verdict.decisions else None,
         }
@@ -128,6 +143,47 @@ class Telemetry:
         if len(text) > self.max_content_chars:
             return text[: self.max_content_chars] + f"...[{len(text) - self.max_content_chars} chars cut]"
         return text
+
+
+_NOT_RECORDED = "[not recorded]"
+_PYDANTIC_INPUT = re.compile(r"input_value=.*?(?=, input_type=|\]$)", re.S | re.M)
+_SHORTEST_SCRUBBED = 6
+
+
+def _no_change(text: str) -> str:
+    return text
+
+
+def _scrubber(call: Mapping[str, Any], state: Any) -> Callable[[str], str]:
+    """Removes from a text every string the tool call or the state holds (longest first)."""
+    found = {text for text in _strings([call.get("args"), call.get("result"), state]) if len(text) >= _SHORTEST_SCRUBBED}
+    held = sorted(found, key=len, reverse=True)
+
+    def scrub(text: str) -> str:
+        text = _PYDANTIC_INPUT.sub("input_value=" + _NOT_RECORDED, text)
+        for value in held:
+            text = text.replace(value, _NOT_RECORDED)
+        return text
+
+    return scrub
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string value inside ``value`` (message contents and tool-call arguments too; not keys or roles)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, BaseMessage):
+            yield content_text(item.content)
+            stack.extend(call.get("args", {}) for call in getattr(item, "tool_calls", None) or [])
+        elif isinstance(item, Mapping):
+            stack.extend(v for k, v in item.items() if k != "role")
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif item is not None and not isinstance(item, (bool, int, float)):
+            yield str(item)
 
 
 def _evaluation(policy: str, qid: str, answer: Any) -> dict[str, Any]:
