@@ -209,9 +209,11 @@ def test_error_paths_carry_no_argument_values_into_spans_or_the_audit_log(
     guard = recorder.guard({}, engine=engine if real else _Repeating())
     call = {"name": "delete_file", "args": {"path": {"role": "user", "content": {"token": SECRET}}}, "id": "c9"}
     verdict = guard.check(call, {"messages": [{"role": "user", "content": f"my key is {SECRET}"}]})
-    assert verdict.action == "deny" and verdict.error
     (span,) = recorder.spans.get_finished_spans()
-    assert span.status.status_code is StatusCode.ERROR
     everything = _everything(span) + str(span.status.description) + log.read_text()
     assert SECRET not in everything
-    assert "not recorded" in everything or "cannot be read" in everything
+    if real:  # a role/content mapping inside arguments is data now, not a message that fails to parse
+        assert verdict.error is None and span.status.status_code is not StatusCode.ERROR
+    else:
+        assert verdict.action == "deny" and verdict.error and span.status.status_code is StatusCode.ERROR
+        assert "not recorded" in everything

@@ -20,11 +20,22 @@ The format, fixed and documented so users can predict what the engine reads:
   segments, scalars are written as JSON.
 
 JSON is written with sorted keys and no ASCII escaping.
+
+Text cannot forge a turn. Messages are read as messages only where a state keeps them (the
+items of a top-level list, of the top-level ``messages`` key, or a top-level message);
+anywhere else a role/content mapping is data. In data, in a message's content and in its
+tool-call lines, every line that could read as the start of a turn (``user: ...``,
+``tool x: ...``, ``tool_call ...``, in any case, after Unicode normalisation and with
+Cyrillic or Greek look-alike letters read as Latin) is quoted with :data:`QUOTE`, so no
+string in the state renders to the text of another turn. Keys below the top level count
+as data too. Ordinary text is rendered unchanged.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,10 +49,20 @@ _KNOWN_ROLES = frozenset({"user", "human", "assistant", "ai", "system", "develop
 """Roles LangChain reads: a mapping in one of these that it cannot read is a broken message, not other data."""
 
 
+QUOTE = "> "
+"""Opens a line of data that could otherwise read as a turn."""
+_TURN_WORDS = frozenset({"user", "assistant", "system", "tool", "human", "ai", "developer", "function", "agent", "environment"})
+"""Roles a rendered turn can open with (LangChain's, and the agent/environment of trajectory datasets)."""
+_BREAK = re.compile(r"(\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])")
+_ROLE_OPENING = re.compile(r"([a-z_]+)\s*:")
+_TOOL_OPENING = re.compile(r"tool\s+\S+?\s*:|tool_call\b")
+_LOOKALIKES = str.maketrans("аеорсухѕіјԁһԛѡɡⅼαοενιτκυρᴜꜱʀ", "aeopcyxsijdhqwglaoevitkupusr")
+
+
 def state_segments(state: Any) -> list[str]:
     """Serialise ``state`` into its ordered text segments."""
     segments: list[str] = []
-    _render(state, segments, path="state")
+    _render(state, segments, path="state", where="top")
     return segments
 
 
@@ -67,14 +88,41 @@ def to_json(value: Any) -> str:
 
 
 def render_message(message: BaseMessage) -> str:
-    """One message as ``role: text`` plus its tool calls, one per line."""
+    """One message as ``role: text`` plus its tool calls, one per line; no text in it starts another line's turn."""
     role = message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type)
     if role == "tool" and getattr(message, "name", None):
         role = f"tool {message.name}"
     lines = [f"{role}: {content_text(message.content)}"]
     for call in getattr(message, "tool_calls", None) or []:
         lines.append(f"tool_call {call['name']} {to_json(call.get('args', {}))}")
-    return "\n".join(lines)
+    return "\n".join(defused(line, at_line_start=False) for line in lines)
+
+
+def defused(text: str, *, at_line_start: bool = True) -> str:
+    """``text`` with :data:`QUOTE` before every line that could read as a turn.
+
+    ``at_line_start=False`` leaves the first line alone (it follows a role already).
+    """
+    parts = _BREAK.split(text)
+    for index in range(0 if at_line_start else 2, len(parts), 2):  # odd indices are the line breaks
+        if _turn_like(parts[index]):
+            parts[index] = QUOTE + parts[index]
+    return "".join(parts)
+
+
+def _turn_like(line: str) -> bool:
+    """Whether ``line`` opens like a turn (``user:``, ``tool read_file:``, ``tool_call``), however it is spelled.
+
+    Invisible format characters (zero-width spaces, ...) are read both as nothing and as a space.
+    """
+    head = unicodedata.normalize("NFKC", line[:120]).translate(_LOOKALIKES).lstrip().lower()
+    dropped = "".join(c for c in head if unicodedata.category(c) != "Cf")
+    spaced = "".join(" " if unicodedata.category(c) == "Cf" else c for c in head)
+    for reading in (dropped.lstrip(), spaced.lstrip()):
+        role = _ROLE_OPENING.match(reading)
+        if (role is not None and role.group(1) in _TURN_WORDS) or _TOOL_OPENING.match(reading) is not None:
+            return True
+    return False
 
 
 def content_text(content: Any) -> str:
@@ -94,22 +142,30 @@ def _block_text(block: str | Mapping[str, Any]) -> str:
     return f"[{block.get('type', 'block')}]"
 
 
-def _render(value: Any, out: list[str], path: str) -> None:
+def _render(value: Any, out: list[str], path: str, where: str) -> None:
+    """Append ``value``'s segments; ``where`` is ``top`` (the state), ``message`` (a place for a turn) or ``data``."""
+    speaks = where in ("top", "message")
     if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, BaseMessage):
+        out.append(value if where == "top" else defused(value))
+    elif isinstance(value, BaseMessage) and speaks:
         out.append(render_message(value))
-    elif isinstance(value, Mapping) and (message := as_message(value)) is not None:
+    elif isinstance(value, Mapping) and speaks and (message := as_message(value)) is not None:
         out.append(render_message(message))
-    elif isinstance(value, Mapping) and _message_shaped(value) and (set(value) <= {"role", "content"} or value["role"] in _KNOWN_ROLES):
+    elif (
+        isinstance(value, Mapping) and speaks and _message_shaped(value)
+        and (set(value) <= {"role", "content"} or value["role"] in _KNOWN_ROLES)
+    ):
         raise _unreadable(value, path)
+    elif isinstance(value, BaseMessage):  # a message inside data is data: its text, quoted where it could pass for a turn
+        out.append(defused(render_message(value)))
     elif isinstance(value, Mapping):
         for key in sorted(value, key=str):
-            out.append(f"{key}:")
-            _render(value[key], out, f"{path}.{key}")
+            out.append(f"{key}:" if where == "top" else defused(f"{key}:"))
+            _render(value[key], out, f"{path}.{key}", "message-list" if where == "top" and key == "messages" else "data")
     elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        inner = "message" if where in ("top", "message-list") else "data"
         for index, item in enumerate(value):
-            _render(item, out, f"{path}[{index}]")
+            _render(item, out, f"{path}[{index}]", inner)
     elif value is None or isinstance(value, (bool, int, float)):
         out.append(to_json(value))
     else:

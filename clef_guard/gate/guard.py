@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +29,7 @@ from langchain_core.decisions import BaseDecisionModel, ClassifierResponse
 from clef_guard.errors import EngineTimeoutError, PolicyError
 from clef_guard.gate.rules import evaluate_rules, failed_decision
 from clef_guard.gate.verdict import PolicyDecision, Verdict
-from clef_guard.gate.view import engine_state
+from clef_guard.gate.view import engine_state, normalise_call
 from clef_guard.policy.calibration import load_calibration
 from clef_guard.policy.load import Policy
 from clef_guard.policy.schema import SEVERITY
@@ -160,7 +159,7 @@ class Guard:
 
     def matching(self, tool_call: Mapping[str, Any], *, phase: str = "before_tool", step: str | None = None, context: Mapping[str, Any] | None = None) -> list[Policy]:
         """The policies that apply to ``tool_call`` at this phase and step."""
-        return self._matching(_normalise_call(tool_call), phase, step, context or {})
+        return self._matching(normalise_call(tool_call), phase, step, context or {})
 
     def _matching(self, call: dict[str, Any], phase: str, step: str | None, context: Mapping[str, Any]) -> list[Policy]:
         return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context, tool=call)]
@@ -234,7 +233,7 @@ class Guard:
         return merged
 
     def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
-        call = _normalise_call(tool_call, options.get("tool_result"))
+        call = normalise_call(tool_call, options.get("tool_result"))
         context = dict(options.get("context") or {})
         phase = options.get("phase", "before_tool")
         run = _Check(call, state, context, options.get("tool_description"), [], [], time.perf_counter(), phase)
@@ -383,20 +382,6 @@ class Guard:
         )
 
 
-
-
-def _normalise_call(tool_call: Mapping[str, Any], result: Any = None) -> dict[str, Any]:
-    name = tool_call.get("name")
-    if not isinstance(name, str) or not name:
-        raise PolicyError("a tool call needs a non-empty 'name'", field="tool_call.name")
-    args = tool_call.get("args") or {}
-    if not isinstance(args, Mapping):
-        raise PolicyError("a tool call's 'args' must be a mapping", field="tool_call.args")
-    args_json = json.dumps(dict(args), default=str, sort_keys=True, ensure_ascii=False)
-    call = {"name": name, "args": json.loads(args_json), "args_json": args_json, "id": str(tool_call.get("id") or "")}
-    if result is not None:
-        call["result"] = result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True)
-    return call
 
 
 def _with_description(

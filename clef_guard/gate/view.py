@@ -1,13 +1,15 @@
-"""The engine's view of a check: the parts of the agent's state a policy's ``state:`` section asks for."""
+"""The engine's view of a check: the call as policies read it, and the parts of the state a policy's ``state:`` asks for."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage
 
 from clef_guard.engine.state import as_message
+from clef_guard.errors import PolicyError
 from clef_guard.policy.load import Policy
 
 
@@ -51,3 +53,18 @@ def _messages(state: Any) -> list[Any]:
     if isinstance(state, Sequence) and not isinstance(state, str) and all(isinstance(m, (BaseMessage, Mapping)) for m in state):
         return list(state)
     return []
+
+
+def normalise_call(tool_call: Mapping[str, Any], result: Any = None) -> dict[str, Any]:
+    """A tool call as policies read it: ``{name, args, args_json, id}`` (and ``result``), args as JSON values."""
+    name = tool_call.get("name")
+    if not isinstance(name, str) or not name:
+        raise PolicyError("a tool call needs a non-empty 'name'", field="tool_call.name")
+    args = tool_call.get("args") or {}
+    if not isinstance(args, Mapping):
+        raise PolicyError("a tool call's 'args' must be a mapping", field="tool_call.args")
+    args_json = json.dumps(dict(args), default=str, sort_keys=True, ensure_ascii=False)
+    call = {"name": name, "args": json.loads(args_json), "args_json": args_json, "id": str(tool_call.get("id") or "")}
+    if result is not None:
+        call["result"] = result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True)
+    return call

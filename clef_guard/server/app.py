@@ -28,26 +28,20 @@ import contextlib
 import hmac
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
 from langchain_core.decisions import (
     BaseDecisionModel,
-    ClassifierRequest,
     ClassifierResponse,
     Question,
     Score,
 )
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     generate_latest,
 )
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
@@ -57,7 +51,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clef_guard.errors import (
     EngineError,
@@ -66,6 +59,8 @@ from clef_guard.errors import (
     RequestError,
     UnsupportedQuestionError,
 )
+from clef_guard.server.batcher import Batcher
+from clef_guard.server.metrics import Metrics, MetricsMiddleware
 
 MODEL_ALIAS = "jev-latest"
 """The model name Jev clients send by default; it names the served model."""
@@ -75,7 +70,6 @@ DEFAULT_MAX_BATCH = 16
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 
 _log = logging.getLogger(__name__)
-_SHUTDOWN = "the server shut down before answering; send the request again"
 _ROUTES = ("/v1/systemone", "/v1/models", "/healthz", "/metrics")
 _ERROR_TYPES = {
     401: "authentication_error",
@@ -128,8 +122,8 @@ def create_app(
     for name, value, least in limits:
         if value < least:
             raise ValueError(f"{name} must be at least {least}, got {value}")
-    metrics = _Metrics()
-    batcher = _Batcher(engine, batch_window_ms / 1000, max_batch, metrics)
+    metrics = Metrics()
+    batcher = Batcher(engine, batch_window_ms / 1000, max_batch, metrics)
     service = _Service(engine, batcher, metrics, api_key, max_body_bytes, date.today().isoformat(), request_timeout_s)
 
     @contextlib.asynccontextmanager
@@ -144,7 +138,7 @@ def create_app(
             Route("/healthz", service.healthz, methods=["GET"]),
             Route("/metrics", service.prometheus, methods=["GET"]),
         ],
-        middleware=[Middleware(_MetricsMiddleware, metrics=metrics)],
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics, routes=_ROUTES)],
         exception_handlers={
             HTTPException: _http_error,
             RequestError: _request_error,
@@ -160,8 +154,8 @@ class _Service:
     """The routes of one app."""
 
     engine: BaseDecisionModel
-    batcher: _Batcher
-    meters: _Metrics
+    batcher: Batcher
+    meters: Metrics
     api_key: str | None
     max_body_bytes: int
     serving_since: str
@@ -229,100 +223,6 @@ class _Service:
         return HTTPException(
             413, f"the request body is over {self.max_body_bytes} bytes; send a shorter state or fewer questions"
         )
-
-
-@dataclass
-class _Pending:
-    request: ClassifierRequest
-    future: asyncio.Future[ClassifierResponse]
-    arrived: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class _Batcher:
-    """Gathers concurrent requests into ``engine.abatch`` calls, one batch at a time."""
-
-    engine: BaseDecisionModel
-    window_s: float
-    max_batch: int
-    metrics: _Metrics
-    _pending: list[_Pending] = field(default_factory=list)
-    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    _full: asyncio.Event = field(default_factory=asyncio.Event)
-    _worker: asyncio.Task[None] | None = None
-
-    async def submit(self, request: ClassifierRequest) -> ClassifierResponse:
-        """Queue ``request`` and wait for its answer (or its engine's error)."""
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._run())
-        future: asyncio.Future[ClassifierResponse] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(request, future))
-        self._signal()
-        return await future
-
-    async def close(self) -> None:
-        """Stop the worker; requests still waiting get an :class:`EngineError`."""
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
-        waiting, self._pending = self._pending, []
-        _settle(waiting, [EngineError(_SHUTDOWN)] * len(waiting))
-
-    def _signal(self) -> None:
-        self.metrics.queue_depth.set(len(self._pending))
-        if self._pending:
-            self._arrived.set()
-        if len(self._pending) >= self.max_batch:
-            self._full.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._arrived.wait()
-            waited = time.monotonic() - self._pending[0].arrived
-            if waited < self.window_s and not self._full.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.window_s - waited):
-                        await self._full.wait()
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            self._arrived.clear()
-            self._full.clear()
-            self._signal()
-            await self._answer([pending for pending in batch if not pending.future.done()])
-
-    async def _answer(self, batch: list[_Pending]) -> None:
-        if not batch:
-            return
-        self.metrics.batch_size.observe(len(batch))
-        try:
-            results = await self.engine.abatch([pending.request for pending in batch], return_exceptions=True)
-        except asyncio.CancelledError:
-            _settle(batch, [EngineError(_SHUTDOWN)] * len(batch))
-            raise
-        except Exception as exc:  # the batch as a whole failed: every caller in it gets the error
-            results = [exc] * len(batch)
-        _settle(batch, results)
-
-
-def _settle(batch: list[_Pending], results: list[Any]) -> None:
-    """Hand each caller still waiting its answer, or its error as the server reports it."""
-    for pending, result in zip(batch, results, strict=True):
-        if pending.future.done():  # the caller went away
-            continue
-        if isinstance(result, BaseException):
-            pending.future.set_exception(_as_engine_failure(result))
-        else:
-            pending.future.set_result(result)
-
-
-def _as_engine_failure(exc: BaseException) -> BaseException:
-    """Request and engine errors as they are; anything else becomes an :class:`EngineError`."""
-    if isinstance(exc, (RequestError, EngineError)):
-        return exc
-    error = EngineError(f"the engine failed: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
 
 
 def _has_non_finite(body: bytes) -> bool:
@@ -397,47 +297,3 @@ async def _internal_error(_: Request, exc: Exception) -> Response:
     return _error(500, f"the server failed: {type(exc).__name__}: {exc}", error_type="internal_error")
 
 
-class _Metrics:
-    """Prometheus metrics of one app, in a registry of its own."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "clef_guard_http_requests", "HTTP requests by route and status.", ["route", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
-            "clef_guard_http_request_duration_seconds", "Time to answer, by route.", ["route"], registry=self.registry
-        )
-        self.batch_size = Histogram(
-            "clef_guard_engine_batch_size", "Requests per engine batch.",
-            buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry,
-        )
-        self.queue_depth = Gauge("clef_guard_engine_queue_depth", "Requests waiting for a batch.", registry=self.registry)
-
-
-class _MetricsMiddleware:
-    """Counts and times every HTTP request by route and status."""
-
-    def __init__(self, app: ASGIApp, metrics: _Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        started = time.perf_counter()
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            route = scope["path"] if scope["path"] in _ROUTES else "other"
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
