@@ -31,7 +31,7 @@ from clef_guard.gate.guard import Guard
 from clef_guard.gate.rules import rule_trace
 from clef_guard.gate.verdict import Verdict
 from clef_guard.policy.load import Policy, load_policy
-from clef_guard.telemetry.audit import read_records, summarize
+from clef_guard.telemetry.audit import read_records, shadow_summary, summarize
 from clef_guard.training import cli as training_cli
 
 if TYPE_CHECKING:
@@ -109,12 +109,13 @@ def _lint(paths: list[Path], console: Console) -> int:
 
 def _summarize(files: list[Path], as_json: bool, console: Console) -> int:
     try:
-        rows = summarize(read_records(files))
+        records = read_records(files)
     except (OSError, ValueError) as exc:
         Console(stderr=True).print(f"[red]error:[/red] cannot read the audit log: {exc}", highlight=False)
         return 2
+    rows, shadow = summarize(records), shadow_summary(records)
     if as_json:
-        print(json.dumps({"policies": rows}, indent=2))
+        print(json.dumps({"policies": rows, "shadow": shadow}, indent=2))
         return 0
     table = Table(title="clef-guard decisions per policy")
     table.add_column("policy", overflow="fold")
@@ -132,6 +133,14 @@ def _summarize(files: list[Path], as_json: bool, console: Console) -> int:
             f"{row['p95_ms']:.1f}",
         )
     console.print(table)
+    if shadow:
+        would = Table(title="Policies in shadow mode: what they would have decided")
+        for column in ("policy", "rule", "n", "allow", "conf", "esc", "deny"):
+            would.add_column(column, overflow="fold")
+        for row in shadow:
+            counts = row["would"]
+            would.add_row(row["policy"], row["rule"], str(row["decisions"]), *(str(counts.get(v, 0)) for v in ("allow", "confirm", "escalate", "deny")))
+        console.print(would)
     return 0
 
 

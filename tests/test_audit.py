@@ -79,11 +79,15 @@ def test_one_span_per_decision_with_documented_attributes_and_events() -> None:
     assert json.loads(attributes["clef_guard.thresholds"]) == {"destructive": {"destructive": 0.8, "unsure": 0.4}}
     assert attributes["clef_guard.calibrated"] is False
     assert attributes["clef_guard.latency_ms"] > 0
-    events = {e.attributes["gen_ai.evaluation.name"]: e.attributes for e in span.events}
+    events = {e.attributes["gen_ai.evaluation.name"]: e.attributes for e in span.events if e.name == "gen_ai.evaluation.result"}
+    (decision,) = [dict(e.attributes) for e in span.events if e.name == "clef_guard.policy.decision"]
+    assert decision == {"clef_guard.policy": "destructive", "clef_guard.policy.action": "confirm",
+                        "clef_guard.policy.rule": "sure", "clef_guard.enforced": True}
+    assert attributes["clef_guard.enforced"] is True and attributes["clef_guard.enforced.action"] == "confirm"
     assert set(events) == {"destructive.destructive", "destructive.scope"}
     assert events["destructive.destructive"]["gen_ai.evaluation.score.value"] == pytest.approx(0.95)
     assert events["destructive.destructive"]["gen_ai.evaluation.score.label"] == "yes"
-    assert all(e.name == "gen_ai.evaluation.result" for e in span.events)
+    assert [e.name for e in span.events] == ["gen_ai.evaluation.result"] * 2 + ["clef_guard.policy.decision"]
 
 
 def _everything(span: Any) -> str:

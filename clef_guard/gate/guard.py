@@ -20,7 +20,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -32,7 +32,7 @@ from clef_guard.gate.verdict import PolicyDecision, Verdict
 from clef_guard.gate.view import engine_state, normalise_call
 from clef_guard.policy.calibration import load_calibration
 from clef_guard.policy.load import Policy
-from clef_guard.policy.schema import SEVERITY
+from clef_guard.policy.schema import SEVERITY, Mode
 from clef_guard.telemetry.spans import Telemetry
 
 _log = logging.getLogger("clef_guard")
@@ -110,6 +110,9 @@ class Guard:
     telemetry
         Where decisions are recorded as OpenTelemetry spans and metrics; the global
         providers, with no content captured, when omitted.
+    mode
+        ``enforce``, or ``shadow``: every policy decides and is audited as usual, and
+        nothing is blocked (a policy file can say ``mode: shadow`` for itself alone).
     """
 
     def __init__(
@@ -123,7 +126,10 @@ class Guard:
         calibration: str | Path | Mapping[str, Any] | None = None,
         on_verdict: Sequence[Callable[[Verdict], None]] = (),
         telemetry: Telemetry | None = None,
+        mode: Mode = "enforce",
     ) -> None:
+        if mode not in ("enforce", "shadow"):
+            raise ValueError(f"mode is 'enforce' or 'shadow', not {mode!r}")
         overrides = load_calibration(calibration) if calibration is not None else {}
         by_name: dict[str, Policy] = {}
         for policy in policies:
@@ -146,6 +152,8 @@ class Guard:
         self.timeout_s = timeout_s
         self.on_verdict = list(on_verdict)
         self.telemetry = telemetry or Telemetry()
+        self.mode = mode
+        self._enforcing = {p.name for p in self.policies if mode == "enforce" and p.mode == "enforce"}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="clef-guard")
 
     @property
@@ -355,22 +363,29 @@ class Guard:
         engine_name = getattr(self._engine, "model", None) if self._engine is not None else None
         escalation_name = getattr(self.escalation, "model", None) if self.escalation is not None else None
         errors = [d.error for d in decisions if d.error]
-        if not decisions:
+        decisions = [d if d.policy in self._enforcing else replace(d, enforced=False) for d in decisions]
+        enforced = [d for d in decisions if d.enforced]
+        if not enforced:
+            shadowed = max(decisions, key=lambda d: SEVERITY[d.action]) if decisions else None
             return Verdict(
-                "allow", None, None, "no policy applies", (), call, _ms(start), engine_name, escalation_name, None, run.phase, 0
+                "allow", None, None, "no policy applies" if not decisions else "only policies in shadow mode apply",
+                tuple(decisions), call, _ms(start), engine_name, escalation_name, "; ".join(errors) or None, run.phase,
+                run.input_tokens, shadowed if shadowed is not None and shadowed.action != "allow" else None,
             )
-        final = max(decisions, key=lambda d: SEVERITY[d.action])
+        final = max(enforced, key=lambda d: SEVERITY[d.action])
         action, message = final.action, final.message
         if action == "escalate" and not self.human_review:
             action = "deny"
             message = (final.message + " " if final.message else "") + (
                 "(escalation was needed, and no stronger engine settled it and no human reviewer is configured)"
             )
+        stricter = [d for d in decisions if not d.enforced and SEVERITY[d.action] > SEVERITY[final.action]]
         return Verdict(
             action=action,
             policy=final.policy,
             rule=final.rule,
             message=message,
+            shadowed=max(stricter, key=lambda d: SEVERITY[d.action]) if stricter else None,
             decisions=tuple(decisions),
             tool_call=call,
             latency_ms=_ms(start),

@@ -22,6 +22,8 @@ class PolicyDecision:
     error: str | None = None
     escalated: bool = False
     """Whether these answers came from the escalation engine."""
+    enforced: bool = True
+    """``False`` for a policy (or a guard) in shadow mode: recorded, never acted on."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,14 @@ class Verdict:
     """``before_tool`` (a proposed call), ``after_tool`` (its result) or ``route``."""
     input_tokens: int = 0
     """Tokens the engines read for this decision."""
+    shadowed: PolicyDecision | None = None
+    """The strictest decision of a policy in shadow mode, when it is stricter than ``action``:
+    what the guard would have done had it been enforced."""
+
+    @property
+    def enforced(self) -> bool:
+        """Whether ``action`` is all the guard decided (no stricter shadow decision was set aside)."""
+        return self.shadowed is None
 
     @property
     def allowed(self) -> bool:
@@ -62,7 +72,10 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (answers as plain dicts)."""
         data = asdict(self)
-        data["decisions"] = [
-            {**asdict(d), "answers": {k: a.model_dump() for k, a in d.answers.items()}} for d in self.decisions
-        ]
+        data["decisions"] = [_plain(d) for d in self.decisions]
+        data["shadowed"] = _plain(self.shadowed) if self.shadowed is not None else None
         return data
+
+
+def _plain(decision: PolicyDecision) -> dict[str, Any]:
+    return {**asdict(decision), "answers": {k: a.model_dump() for k, a in decision.answers.items()}}

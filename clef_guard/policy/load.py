@@ -66,6 +66,8 @@ class Policy:
     default: str
     on_error: str
     source: str
+    mode: str = "enforce"
+    """``enforce``, or ``shadow``: decided and audited, never blocking."""
     _applies_program: Any = field(default=None, repr=False)
 
     def matches(self, tool_name: str, *, phase: str, step: str | None, context: Mapping[str, Any], tool: Mapping[str, Any]) -> bool:
@@ -180,6 +182,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         default=spec.default,
         on_error=spec.on_error,
         source=source,
+        mode=spec.mode,
         _applies_program=applies_program,
     )
 

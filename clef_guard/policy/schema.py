@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Action = Literal["allow", "confirm", "escalate", "deny"]
 Phase = Literal["before_tool", "after_tool", "route"]
+Mode = Literal["enforce", "shadow"]
 SEVERITY: dict[str, int] = {"allow": 0, "confirm": 1, "escalate": 2, "deny": 3}
 """Strictness order: when several policies decide, the strictest action wins."""
 
@@ -78,6 +79,8 @@ class PolicyFile(_Strict):
     """The action when no rule holds."""
     on_error: Action = "deny"
     """The action when the engine fails or times out, or a rule cannot be evaluated."""
+    mode: Mode = "enforce"
+    """``shadow``: decide and record as usual, but never block (the verdict it would have given is audited)."""
 
     @field_validator("questions")
     @classmethod

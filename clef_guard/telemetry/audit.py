@@ -136,6 +136,21 @@ def summarize(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def shadow_summary(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per policy and rule in shadow mode: how often it applied, and what it would have decided."""
+    would: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for record in records:
+        for event in record.get("events", []):
+            attributes = event.get("attributes", {})
+            if event.get("name") == sc.POLICY_DECISION_EVENT and attributes.get(sc.ENFORCED) is False:
+                key = (str(attributes.get(sc.EVALUATION_POLICY)), str(attributes.get(sc.DECISION_RULE, "(default)")))
+                would[key][str(attributes.get(sc.DECISION_ACTION))] += 1
+    return [
+        {"policy": policy, "rule": rule, "decisions": sum(counts.values()), "would": dict(counts)}
+        for (policy, rule), counts in sorted(would.items())
+    ]
+
+
 def _percentile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]

@@ -56,9 +56,17 @@ LATENCY_MS = "clef_guard.latency_ms"
 STATE = "clef_guard.state"  # opt-in content
 TOOL_RESULT = "clef_guard.tool.result"  # opt-in content
 EVALUATION_POLICY = "clef_guard.policy"
+ENFORCED = "clef_guard.enforced"
+"""Whether the verdict is what the caller enforced (``false``: a policy in shadow mode decided stricter)."""
+ENFORCED_ACTION = "clef_guard.enforced.action"
+POLICY_DECISION_EVENT = "clef_guard.policy.decision"
+"""One event per policy that applied: its action, rule and whether it was enforced."""
+DECISION_ACTION = "clef_guard.policy.action"
+DECISION_RULE = "clef_guard.policy.rule"
 
 # Metrics
 DECISIONS_COUNTER = "clef_guard.decisions"
 DECISION_DURATION = "clef_guard.decision.duration"
 METRIC_POLICY = "clef_guard.policy"
 METRIC_VERDICT = "clef_guard.verdict"
+METRIC_ENFORCED = "clef_guard.enforced"

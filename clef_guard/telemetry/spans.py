@@ -82,6 +82,8 @@ class Telemetry:
         for decision in verdict.decisions:
             for qid, answer in decision.answers.items():
                 span.add_event(sc.EVALUATION_EVENT, _evaluation(decision.policy, qid, answer))
+            outcome = {sc.EVALUATION_POLICY: decision.policy, sc.DECISION_ACTION: decision.action, sc.ENFORCED: decision.enforced}
+            span.add_event(sc.POLICY_DECISION_EVENT, {**outcome, **({sc.DECISION_RULE: decision.rule} if decision.rule else {})})
         if errors or verdict.error:
             span.set_status(Status(StatusCode.ERROR, scrub(verdict.error or "guard error")))
             span.set_attribute(sc.ERROR_TYPE, type(errors[0]).__name__ if errors else "GuardError")
@@ -97,13 +99,15 @@ class Telemetry:
                     },
                 )
         span.end(end_time=start_ns + int(verdict.latency_ms * 1e6) if verdict.latency_ms else time.time_ns())
-        labels = {sc.METRIC_POLICY: verdict.policy or "none", sc.METRIC_VERDICT: verdict.action}
+        decided = verdict.shadowed or verdict
+        labels = {sc.METRIC_POLICY: decided.policy or "none", sc.METRIC_VERDICT: decided.action, sc.METRIC_ENFORCED: verdict.enforced}
         self._decisions.add(1, labels)
         self._duration.record(verdict.latency_ms, labels)
 
     def _attributes(self, verdict: Verdict, state: Any, scrub: Callable[[str], str]) -> dict[str, Any]:
         call = verdict.tool_call
-        deciding = next((d for d in verdict.decisions if d.policy == verdict.policy), None)
+        decided = verdict.shadowed or verdict  # what the guard decided; verdict.action is what the caller enforces
+        deciding = next((d for d in verdict.decisions if d.policy == decided.policy), None)
         attributes: dict[str, Any] = {
             sc.OPERATION_NAME: sc.OPERATION_VALUE,
             sc.PROVIDER_NAME: sc.INSTRUMENTATION,
@@ -112,8 +116,10 @@ class Telemetry:
             sc.TARGET_TYPE: sc.TARGET_TYPES.get(verdict.phase, verdict.phase),
             sc.TOOL_NAME: call["name"],
             sc.TOOL_CALL_ID: call.get("id", ""),
-            sc.VERDICT_TYPE: verdict.action,
+            sc.VERDICT_TYPE: decided.action,
             sc.ACTION_TYPE: sc.ACTION_TYPES[verdict.action],
+            sc.ENFORCED: verdict.enforced,
+            sc.ENFORCED_ACTION: verdict.action,
             sc.POLICIES: [d.policy for d in verdict.decisions],
             sc.LATENCY_MS: verdict.latency_ms,
             sc.USAGE_INPUT_TOKENS: verdict.input_tokens,
@@ -122,9 +128,9 @@ class Telemetry:
         optional = {
             sc.REQUEST_MODEL: verdict.engine,
             sc.ESCALATION_MODEL: verdict.escalation_engine,
-            sc.POLICY_ID: verdict.policy,
-            sc.POLICY_RULE_ID: verdict.rule,
-            sc.MESSAGE: scrub(verdict.message) or None,
+            sc.POLICY_ID: decided.policy,
+            sc.POLICY_RULE_ID: decided.rule,
+            sc.MESSAGE: scrub(decided.message) or None,
             sc.RISK_SCORE: _risk(deciding.answers) if deciding else None,
             sc.THRESHOLDS: json.dumps(verdict.thresholds, sort_keys=True) if verdict.decisions else None,
         }
