@@ -11,11 +11,11 @@ from clef_guard.integrations.langchain import GuardMiddleware
 from clef_guard.integrations.testing import ScriptedChatModel
 from langchain.agents import create_agent
 from langchain_core.messages import ToolMessage
-from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from model import ScriptedDecisionModel
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from test_audit import Recorder
+from test_langchain_middleware import _tools
 
 from clef_guard import Guard, JsonlSpanExporter, PolicyError, parse_policy
 from clef_guard.cli import main
@@ -40,19 +40,7 @@ TURNS = [[("write_note", {"name": "a.txt", "text": "hi"})], [("delete_note", {"n
 def _run(folder: Path, middleware: list[Any]) -> list[str]:
     (folder / "old.txt").write_text("old")
 
-    @tool
-    def write_note(name: str, text: str) -> str:
-        """Write a note file."""
-        (folder / name).write_text(text)
-        return f"wrote {name}"
-
-    @tool
-    def delete_note(name: str) -> str:
-        """Delete a note file."""
-        (folder / name).unlink()
-        return f"deleted {name}"
-
-    agent = create_agent(ScriptedChatModel(turns=TURNS), [write_note, delete_note], middleware=middleware, checkpointer=InMemorySaver())
+    agent = create_agent(ScriptedChatModel(turns=TURNS), _tools(folder), middleware=middleware, checkpointer=InMemorySaver())
     result = agent.invoke({"messages": [("user", "tidy my notes")]}, {"configurable": {"thread_id": "s"}}, version="v2")
     assert not result.interrupts
     return [m.text for m in result.value["messages"] if isinstance(m, ToolMessage)]
