@@ -167,10 +167,8 @@ class Guard:
 
     def matching(self, tool_call: Mapping[str, Any], *, phase: str = "before_tool", step: str | None = None, context: Mapping[str, Any] | None = None) -> list[Policy]:
         """The policies that apply to ``tool_call`` at this phase and step."""
-        return self._matching(normalise_call(tool_call), phase, step, context or {})
-
-    def _matching(self, call: dict[str, Any], phase: str, step: str | None, context: Mapping[str, Any]) -> list[Policy]:
-        return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context, tool=call)]
+        call = normalise_call(tool_call)
+        return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context or {}, tool=call)]
 
     def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
