@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict, Union, Unpack
 
+import typing_extensions
 from langchain.agents.middleware.human_in_the_loop import (
     ApproveDecision,
     EditDecision,
@@ -42,14 +43,34 @@ from langgraph.types import Command, interrupt
 from pydantic import Discriminator
 
 from clef_guard import Guard, Verdict
+from clef_guard.gate.view import engine_state, normalise_call
+from clef_guard.telemetry.reviews import ReviewLog
 
 ReviewDecision = Literal["approve", "edit", "reject", "respond"]
-_DECISION_TYPES: dict[str, Any] = {
-    "approve": ApproveDecision,
-    "edit": EditDecision,
-    "reject": RejectDecision,
-    "respond": RespondDecision,
-}
+
+
+class _Corrections(typing_extensions.TypedDict, total=False):  # LangChain's decisions are typing_extensions TypedDicts
+    corrections: dict[str, Any]
+    """The reviewer's answers to the deciding policy's own questions, by question id (for the review log)."""
+
+
+class _Approve(ApproveDecision, _Corrections):
+    """LangChain's approve, with optional corrections."""
+
+
+class _Edit(EditDecision, _Corrections):
+    """LangChain's edit, with optional corrections."""
+
+
+class _Reject(RejectDecision, _Corrections):
+    """LangChain's reject, with optional corrections."""
+
+
+class _Respond(RespondDecision, _Corrections):
+    """LangChain's respond, with optional corrections."""
+
+
+_DECISION_TYPES: dict[str, Any] = {"approve": _Approve, "edit": _Edit, "reject": _Reject, "respond": _Respond}
 _MAX_BATCHES = 256
 
 
@@ -60,6 +81,8 @@ class GateOptions(TypedDict, total=False):
     """What a reviewer may answer (default all: approve, edit, reject, respond)."""
     check_results: bool
     """Also check tool results with the ``after_tool`` policies (default ``True``)."""
+    review_log: ReviewLog
+    """Where every reviewer's answer is written (:class:`~clef_guard.telemetry.reviews.ReviewLog`)."""
 
 
 class ToolGate:
@@ -74,6 +97,7 @@ class ToolGate:
         self.guard = guard
         self.allowed_decisions = list(dict.fromkeys(allowed_decisions))
         self.check_results = check_results
+        self.review_log = options.get("review_log")
         members = tuple(_DECISION_TYPES[d] for d in self.allowed_decisions)
         self._schema: Any = members[0] if len(members) == 1 else Annotated[Union[members], Discriminator("type")]  # noqa: UP007
         self._batches: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
@@ -81,7 +105,7 @@ class ToolGate:
 
     def wrap(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]) -> ToolMessage | Command[Any]:
         """The ``wrap_tool_call`` hook: gate, maybe ask a human, run, screen the result."""
-        outcome = self.review(request.tool_call, self._sibling_verdict(request))
+        outcome = self.review(request.tool_call, self._sibling_verdict(request), **_reviewing(request))
         if isinstance(outcome, _Edited):
             outcome = self.after_edit(outcome.call, self.guard.check(outcome.call, request.state, tool_description=_description(request)))
         if isinstance(outcome, ToolMessage):
@@ -95,7 +119,7 @@ class ToolGate:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
     ) -> ToolMessage | Command[Any]:
         """The ``awrap_tool_call`` hook: async twin of :meth:`wrap`."""
-        outcome = self.review(request.tool_call, await self._asibling_verdict(request))
+        outcome = self.review(request.tool_call, await self._asibling_verdict(request), **_reviewing(request))
         if isinstance(outcome, _Edited):
             verdict = await self.guard.acheck(outcome.call, request.state, tool_description=_description(request))
             outcome = self.after_edit(outcome.call, verdict)
@@ -106,13 +130,22 @@ class ToolGate:
         verdicts = [await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text) for m in found]
         return self._screened(result, found, verdicts)
 
-    def review(self, call: ToolCall, verdict: Verdict) -> ToolCall | ToolMessage | _Edited:
-        """What to do with ``call``: run it (the call), answer instead (a message), or re-gate an edit."""
+    def review(
+        self, call: ToolCall, verdict: Verdict, *, state: Any = None, thread: str = "", description: str | None = None
+    ) -> ToolCall | ToolMessage | _Edited:
+        """What to do with ``call``: run it (the call), answer instead (a message), or re-gate an edit.
+
+        ``state``, ``thread`` and ``description`` go to the review log with the reviewer's answer.
+        """
         if verdict.action == "allow":
             return call
         if verdict.action == "deny":
             return blocked_message(call, verdict)
         decision = interrupt(self.review_request(call, verdict), response_schema=self._schema)
+        if self.review_log is not None:
+            policy = next(p for p in self.guard.policies if p.name == verdict.policy)
+            seen = engine_state(policy, normalise_call(call), state, description) if self.review_log.record_states else None
+            self.review_log.record(verdict, decision, questions=policy.questions, state=seen, thread=thread)
         if decision["type"] == "approve":
             return call
         if decision["type"] == "edit":
@@ -304,6 +337,11 @@ def _descriptions(request: ToolCallRequest) -> dict[str, str]:
     if request.tool is not None and request.tool.description:
         found[request.tool.name] = request.tool.description
     return found
+
+
+def _reviewing(request: ToolCallRequest) -> dict[str, Any]:
+    """What the review log keeps of a request besides the verdict."""
+    return {"state": request.state, "thread": thread_of(request.runtime.config), "description": _description(request)}
 
 
 def _description(request: ToolCallRequest) -> str | None:

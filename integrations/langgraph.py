@@ -39,6 +39,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 from clef_guard import Guard, Policy, PolicyError, Verdict, load_policy, parse_policy
+from clef_guard.telemetry.reviews import ReviewLog
 
 _ALL_DECISIONS: tuple[ReviewDecision, ...] = ("approve", "edit", "reject", "respond")
 
@@ -64,6 +65,7 @@ def guard_node(
     back_to: str = "agent",
     allowed_decisions: Sequence[ReviewDecision] = _ALL_DECISIONS,
     messages_key: str = "messages",
+    review_log: ReviewLog | None = None,
 ) -> RunnableLambda[Any, Command[Any]]:
     """A node to place between the model and a plain ``ToolNode`` in a hand-built graph.
 
@@ -73,11 +75,11 @@ def guard_node(
     the model reads the answers. Calls that need a person interrupt one after another
     (a node raises one interrupt at a time), each with its own interrupt id.
     """
-    gate = ToolGate(guard, allowed_decisions=allowed_decisions, check_results=False)
+    gate = ToolGate(guard, allowed_decisions=allowed_decisions, check_results=False, **({"review_log": review_log} if review_log else {}))
 
-    def review(state: Mapping[str, Any], verdicts: list[Verdict]) -> list[Any]:
+    def review(state: Mapping[str, Any], verdicts: list[Verdict], thread: str) -> list[Any]:
         calls = _last_ai_message(state, messages_key).tool_calls
-        return [gate.review(call, verdict) for call, verdict in zip(calls, verdicts, strict=True)]
+        return [gate.review(call, verdict, state=state, thread=thread) for call, verdict in zip(calls, verdicts, strict=True)]
 
     def command(state: Mapping[str, Any], outcomes: list[Any], rechecked: list[Verdict]) -> Command[Any]:
         sends, answers = [], []
@@ -92,13 +94,14 @@ def guard_node(
         return Command(update={messages_key: answers}, goto=sends or back_to)
 
     def run(state: Mapping[str, Any], config: RunnableConfig) -> Command[Any]:
-        outcomes = review(state, gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state, thread=thread_of(config)))
+        thread = thread_of(config)
+        outcomes = review(state, gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state, thread=thread), thread)
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
         return command(state, outcomes, guard.check_many(edits, state) if edits else [])
 
     async def arun(state: Mapping[str, Any], config: RunnableConfig) -> Command[Any]:
-        calls = _last_ai_message(state, messages_key).tool_calls
-        outcomes = review(state, await gate.averdicts(calls, state, thread=thread_of(config)))
+        calls, thread = _last_ai_message(state, messages_key).tool_calls, thread_of(config)
+        outcomes = review(state, await gate.averdicts(calls, state, thread=thread), thread)
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
         return command(state, outcomes, await guard.acheck_many(edits, state) if edits else [])
 

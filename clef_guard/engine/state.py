@@ -125,6 +125,25 @@ def _turn_like(line: str) -> bool:
     return False
 
 
+def jsonable(value: Any) -> Any:
+    """``value`` with every message in dict form (role, content, name, tool calls), which renders exactly as it did."""
+    if isinstance(value, BaseMessage):
+        role = value.role if isinstance(value, ChatMessage) else _ROLES.get(value.type, value.type)
+        message: dict[str, Any] = {"role": role, "content": value.content}
+        if getattr(value, "name", None):
+            message["name"] = value.name
+        if getattr(value, "tool_calls", None):
+            message["tool_calls"] = [{"name": c["name"], "args": c.get("args", {}), "id": c.get("id")} for c in value.tool_calls]
+        if getattr(value, "tool_call_id", None):
+            message["tool_call_id"] = value.tool_call_id
+        return message
+    if isinstance(value, Mapping):
+        return {key: jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    return value
+
+
 def content_text(content: Any) -> str:
     """Text of a message content or question instructions: strings as is, JSON otherwise."""
     if isinstance(content, str):

@@ -142,12 +142,16 @@ def _examples(args: argparse.Namespace) -> list[Example]:
 
 
 def _jsonl_examples(path: Path) -> list[Example]:
-    examples = []
+    """Labeled rows of a JSONL file; a review log's rows without a state, or written twice (same ``id``), are skipped."""
+    examples, seen = [], set()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if "id" in row and ("state" not in row or row["id"] in seen):
+                continue
+            seen.add(row.get("id"))
             parsed = {p.id: p for p in parse_questions(row["questions"])}
             for qid, label in row["labels"].items():
                 label = str(label).lower() if isinstance(label, bool) else str(label)
