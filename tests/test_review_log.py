@@ -60,5 +60,6 @@ def test_rows_with_states_train_a_head_and_a_replayed_review_is_written_once(tmp
     with log.open("a") as handle:  # a resume replayed in another process writes its row again
         handle.write(json.dumps(rows[0]) + "\n")
     out = tmp_path / "head"
-    assert main(["train", "--data", str(log), "--out", str(out), "--epochs", "2", "--features", str(tmp_path / "cache"), "--json"]) == 0
+    command = ["train", "--data", str(log), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json"]
+    assert main([*command, "--features", str(tmp_path / "cache")]) == 0
     assert json.loads((out / "train_report.json").read_text())["n"] == 2  # should_run of each row; the replayed row once

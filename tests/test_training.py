@@ -10,6 +10,8 @@ import torch
 from langchain_core.decisions import Noul
 
 from clef_guard import DecisionHead, LocalDecisionModel
+from clef_guard.engine.head import READINGS
+from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features
@@ -146,6 +148,18 @@ def test_a_head_trained_on_nouls_leaves_choices_to_the_backbone(engine: LocalDec
     with torch.no_grad():
         assert torch.equal(head(hidden, logprob, "choice"), logprob)
         assert not torch.equal(head(hidden, logprob, "noul"), logprob)
+
+
+def test_a_warm_start_keeps_what_the_new_rows_never_ask(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:
+    """Fine-tuning the shipped head on yes/no rows leaves its choice and score readings as they were."""
+    train, test = toy
+    shipped = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
+    head, history = train_head(train, engine.backbone.hidden_size, TrainConfig(epochs=20, batch_size=6), init=shipped)
+    noul, choice = READINGS.index("noul"), READINGS.index("choice")
+    assert torch.equal(head.feature_mean, shipped.feature_mean) and torch.equal(head.log_temperature, shipped.log_temperature)
+    assert torch.equal(head.proj.weight[choice], shipped.proj.weight[choice]) and head.lm_weight[choice] == shipped.lm_weight[choice]
+    assert not torch.equal(head.proj.weight[noul], shipped.proj.weight[noul])
+    assert history[-1] < history[0] and _accuracy(head, test) >= _accuracy(shipped, test)
 
 
 def test_feature_cache_is_reused(engine: LocalDecisionModel, tmp_path: Path) -> None:

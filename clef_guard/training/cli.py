@@ -26,7 +26,7 @@ from rich.table import Table
 
 from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
-from clef_guard.engine.local import LocalDecisionModel
+from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
 from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import ClefGuardError
 from clef_guard.training.calibrate import (
@@ -68,6 +68,10 @@ def add_commands(commands: Any) -> None:
     train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     train.add_argument("--split", default="train")
     train.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
+    train.add_argument(
+        "--init-head", default=None, metavar="FILE",
+        help="warm-start from this head ('default': the shipped one); readings the rows never ask keep its weights",
+    )
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
     train.add_argument("--label-smoothing", type=float, default=None)
@@ -189,7 +193,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     with _progress(console, args.json) as progress:
         bar = progress.add_task("training the head", total=config.epochs)
         head, history = train_head(
-            features, engine.backbone.hidden_size, config, on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch)
+            features, engine.backbone.hidden_size, config, init=_init_head(args, engine),
+            on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch),
         )
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
@@ -214,6 +219,13 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2))
     _print(report, args.json, console, "trained")
     return 0
+
+
+def _init_head(args: argparse.Namespace, engine: LocalDecisionModel) -> DecisionHead | None:
+    if args.init_head is None:
+        return None
+    path = DEFAULT_HEAD if args.init_head == "default" else Path(args.init_head)
+    return DecisionHead.load(path, engine.backbone.hidden_size)
 
 
 def _train_lora(

@@ -89,16 +89,24 @@ def train_head(
     hidden_size: int,
     config: TrainConfig = TrainConfig(),
     *,
+    init: DecisionHead | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> tuple[DecisionHead, list[float]]:
-    """Fit a decision head on cached features; returns it and the loss of each epoch."""
+    """Fit a decision head on cached features; returns it and the loss of each epoch.
+
+    ``init`` warm-starts from an existing head (its standardisation and temperatures kept);
+    the readings the features never ask keep ``init``'s weights.
+    """
     if not features:
         raise ValueError("no training examples")
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     head = DecisionHead(hidden_size).train()
+    if init is not None:
+        head.load_state_dict(init.state_dict())
+        head.question_temperatures = dict(init.question_temperatures)
     listed = [f.hidden for f in features if f.reading != "wide"]
-    if sum(len(h) for h in listed) > 1:  # the features' own mean and spread (see DecisionHead)
+    if init is None and sum(len(h) for h in listed) > 1:  # the features' own mean and spread (see DecisionHead)
         rows = torch.cat(listed).float()
         head.feature_mean.copy_(rows.mean(0))
         head.feature_scale.copy_(rows.std(0).clamp_min(_MIN_SCALE))
@@ -125,13 +133,12 @@ def train_head(
         history.append(total / len(order))
         if on_epoch:
             on_epoch(epoch + 1, history[-1])
-    with torch.no_grad():  # weight decay moved readings the data never asked: give them the backbone back
+    with torch.no_grad():  # weight decay moved readings the data never asked: give them back the backbone (or init)
         for index, reading in enumerate(READINGS):
             if not any(f.reading == reading for f in features):
-                head.proj.weight[index].zero_()
-                head.proj.bias[index].zero_()
-                head.hidden_out[index].zero_()
-                head.lm_weight[index] = 1.0
+                for name in ("proj.weight", "proj.bias", "hidden_out", "lm_weight"):
+                    row = head.get_parameter(name)[index]
+                    row.copy_(init.get_parameter(name)[index] if init is not None else torch.full_like(row, float(name == "lm_weight")))
     return head.eval(), history
 
 
