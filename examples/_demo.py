@@ -22,7 +22,10 @@ def print_verdict(verdict: Verdict) -> None:
         return  # no policy screens this tool's result
     colour = _COLOURS[verdict.action]
     call = verdict.tool_call
-    who = f"{verdict.policy}/{verdict.rule or 'default'}" if verdict.policy else "no policy applies"
+    who = f"{verdict.policy}/{verdict.rule or 'default'}" if verdict.policy else "no enforced policy" if verdict.decisions else "no policy"
+    if verdict.shadowed is not None:  # a policy in shadow mode decided stricter: audited, not enforced
+        shadow = verdict.shadowed
+        who += f" (shadow: {shadow.policy}/{shadow.rule or 'default'} would {shadow.action})"
     console.print(
         ("  result of " if verdict.phase == "after_tool" else "")
         + f"[bold]{call['name']}[/bold]({', '.join(f'{k}={v!r}' for k, v in call['args'].items())})\n"
