@@ -89,13 +89,18 @@ def to_json(value: Any) -> str:
 
 def render_message(message: BaseMessage) -> str:
     """One message as ``role: text`` plus its tool calls, one per line; no text in it starts another line's turn."""
-    role = message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type)
+    role = _role(message)
     if role == "tool" and getattr(message, "name", None):
         role = f"tool {message.name}"
     lines = [f"{role}: {content_text(message.content)}"]
     for call in getattr(message, "tool_calls", None) or []:
         lines.append(f"tool_call {call['name']} {to_json(call.get('args', {}))}")
     return "\n".join(defused(line, at_line_start=False) for line in lines)
+
+
+def _role(message: BaseMessage) -> str:
+    """The role a message renders with: a chat message's own, else LangChain's type as a chat role."""
+    return message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type)
 
 
 def defused(text: str, *, at_line_start: bool = True) -> str:
@@ -128,8 +133,7 @@ def _turn_like(line: str) -> bool:
 def jsonable(value: Any) -> Any:
     """``value`` with every message in dict form (role, content, name, tool calls), which renders exactly as it did."""
     if isinstance(value, BaseMessage):
-        role = value.role if isinstance(value, ChatMessage) else _ROLES.get(value.type, value.type)
-        message: dict[str, Any] = {"role": role, "content": value.content}
+        message: dict[str, Any] = {"role": _role(value), "content": value.content}
         if getattr(value, "name", None):
             message["name"] = value.name
         if getattr(value, "tool_calls", None):

@@ -363,27 +363,28 @@ class Guard:
         errors = [d.error for d in decisions if d.error]
         decisions = [d if d.policy in self._enforcing else replace(d, enforced=False) for d in decisions]
         enforced = [d for d in decisions if d.enforced]
-        if not enforced:
-            shadowed = max(decisions, key=lambda d: SEVERITY[d.action]) if decisions else None
+        final = max(enforced, key=lambda d: SEVERITY[d.action]) if enforced else None
+        floor = SEVERITY[final.action if final else "allow"]
+        stricter = [d for d in decisions if not d.enforced and SEVERITY[d.action] > floor]
+        shadowed = max(stricter, key=lambda d: SEVERITY[d.action]) if stricter else None
+        if final is None:
             return Verdict(
                 "allow", None, None, "no policy applies" if not decisions else "only policies in shadow mode apply",
                 tuple(decisions), call, _ms(start), engine_name, escalation_name, "; ".join(errors) or None, run.phase,
-                run.input_tokens, shadowed if shadowed is not None and shadowed.action != "allow" else None,
+                run.input_tokens, shadowed,
             )
-        final = max(enforced, key=lambda d: SEVERITY[d.action])
         action, message = final.action, final.message
         if action == "escalate" and not self.human_review:
             action = "deny"
             message = (final.message + " " if final.message else "") + (
                 "(escalation was needed, and no stronger engine settled it and no human reviewer is configured)"
             )
-        stricter = [d for d in decisions if not d.enforced and SEVERITY[d.action] > SEVERITY[final.action]]
         return Verdict(
             action=action,
             policy=final.policy,
             rule=final.rule,
             message=message,
-            shadowed=max(stricter, key=lambda d: SEVERITY[d.action]) if stricter else None,
+            shadowed=shadowed,
             decisions=tuple(decisions),
             tool_call=call,
             latency_ms=_ms(start),

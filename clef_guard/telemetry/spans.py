@@ -5,9 +5,10 @@ under an instrumented agent or graph. It carries the verdict, the deciding polic
 rule, the thresholds, the engine, latency and tokens, and one ``gen_ai.evaluation.result``
 event per answer. Tool arguments, tool results and the state are left out unless
 ``capture_content=True``; then they are cut to ``max_content_chars`` after ``redact``.
-Without it, error texts are scrubbed too: any string of six or more characters from the
-tool call or the state (its values, not its keys or roles), and pydantic's ``input_value=``, read ``[not recorded]``, so an
-exception that repeats what it was given cannot carry it into the audit trail.
+Without it, the texts of a failed check are scrubbed too: any string of six or more
+characters from the tool call or the state (its values, not its keys or roles), and
+pydantic's ``input_value=``, read ``[not recorded]``, so an exception that repeats what it
+was given cannot carry it into the audit trail.
 All names live in :mod:`clef_guard.telemetry.semconv`.
 """
 
@@ -72,7 +73,8 @@ class Telemetry:
 
     def record(self, verdict: Verdict, *, start_ns: int, state: Any, errors: Sequence[BaseException]) -> None:
         """Emit the span (and metrics) of one decision that started at ``start_ns``."""
-        scrub = _no_change if self.capture_content else _scrubber(verdict.tool_call, state)
+        failed = bool(errors or verdict.error)  # only a failure's texts can hold content: scrub those alone
+        scrub = _scrubber(verdict.tool_call, state) if failed and not self.capture_content else _no_change
         span = self._tracer.start_span(
             sc.SPAN_NAME.format(name=sc.GUARDRAIL_NAME),
             kind=SpanKind.INTERNAL,
@@ -84,7 +86,7 @@ class Telemetry:
                 span.add_event(sc.EVALUATION_EVENT, _evaluation(decision.policy, qid, answer))
             outcome = {sc.EVALUATION_POLICY: decision.policy, sc.DECISION_ACTION: decision.action, sc.ENFORCED: decision.enforced}
             span.add_event(sc.POLICY_DECISION_EVENT, {**outcome, **({sc.DECISION_RULE: decision.rule} if decision.rule else {})})
-        if errors or verdict.error:
+        if failed:
             span.set_status(Status(StatusCode.ERROR, scrub(verdict.error or "guard error")))
             span.set_attribute(sc.ERROR_TYPE, type(errors[0]).__name__ if errors else "GuardError")
             span.set_attribute(sc.FAIL_CLOSED_ACTION, verdict.action)
