@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,9 +28,10 @@ from rich.table import Table
 from clef_guard.engine.prompt import render_question
 from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import ClefGuardError, PolicyError
-from clef_guard.gate.guard import Guard
+from clef_guard.gate.guard import Guard, situation
 from clef_guard.gate.rules import rule_trace
-from clef_guard.gate.verdict import Verdict
+from clef_guard.gate.trail import label_sources
+from clef_guard.gate.verdict import PolicyDecision, Verdict
 from clef_guard.policy.load import Policy, load_policy
 from clef_guard.telemetry.audit import read_records, shadow_summary, summarize
 from clef_guard.training import cli as training_cli
@@ -45,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lint = commands.add_parser("lint", help="check policy files")
     lint.add_argument("paths", nargs="+", type=Path, help="policy files or folders")
     explain = commands.add_parser("explain", help="show how a policy decides one tool call")
-    explain.add_argument("--policy", type=Path, required=True, help="a policy file")
+    explain.add_argument("--policy", required=True, help="a policy file, or a built-in policy by name")
     explain.add_argument("--tool-call", required=True, help='JSON: {"name": ..., "args": {...}}')
     explain.add_argument("--state", type=Path, help="a JSON file with the state (messages, fields)")
     explain.add_argument("--phase", default=None, help="before_tool, after_tool or route (default: the policy's)")
@@ -153,16 +155,48 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
         raise PolicyError(f"cannot read the tool call or state: {exc}", field="--tool-call/--state") from None
     if not isinstance(tool_call, dict):
         raise PolicyError("the tool call must be a JSON object", field="--tool-call")
-    guard = Guard([policy], engine=_load_engine(args, console), human_review=True)
+    engine = _load_engine(args, console) if policy.questions else None  # a rules-only policy never needs one
+    guard = Guard([policy], engine=engine, human_review=True)
     phase = args.phase or policy.applies_to.phase
     verdict = guard.check(tool_call, state, phase=phase, step=args.step)
     decision = verdict.decisions[0] if verdict.decisions else None
-    trace = rule_trace(policy, decision.answers, verdict.tool_call, {}) if decision and decision.answers else []
+    _, flow = situation(tool_call, state, {"phase": phase})
+    usable = decision is not None and decision.error is None
+    trace = rule_trace(policy, decision.answers, verdict.tool_call, {}, flow) if usable else []
+    used = _flow_used(policy, verdict, flow, state)
     if args.json:
-        print(json.dumps({"verdict": verdict.to_dict(), "rule_trace": [{"rule": r, "result": v} for r, v in trace]}, indent=2, default=str))
+        report = {"verdict": verdict.to_dict(), "rule_trace": [{"rule": r, "result": v} for r, v in trace], "flow": used}
+        print(json.dumps(report, indent=2, default=str))
     else:
         _print_explanation(console, policy, verdict, trace)
+        _print_flow(console, used)
     return 0
+
+
+def _flow_used(policy: Policy, verdict: Verdict, flow: dict[str, Any], state: Any) -> dict[str, Any]:
+    """What of the thread's trail the policy's rules read: its labels (and where they came from) and its history."""
+    reading = [r.id for r in policy.rules if re.search(r"\b(history|labels)\b", r.source)]
+    return {
+        "rules": reading,
+        "labels": flow["labels"],
+        "call_labels": verdict.tool_call.get("labels", []),
+        "result_labels": list(verdict.labels),
+        "sources": label_sources(state),
+        "history": [{k: h[k] for k in ("id", "name", "verdict", "labels", "turns_ago")} for h in flow["history"]] if reading else [],
+    }
+
+
+def _print_flow(console: Console, used: dict[str, Any]) -> None:
+    if not (used["rules"] or used["labels"] or used["result_labels"]):
+        return
+    console.print(f"rules reading the thread: {', '.join(used['rules']) or '-'}")
+    console.print(f"thread labels: {used['labels'] or '-'}   carried by this call's arguments: {used['call_labels'] or '-'}")
+    for source in used["sources"]:
+        console.print(f"  {', '.join(source['labels'])} from {source['tool']} (call {source['id']}, {source['turns_ago']} turns ago)")
+    for entry in used["history"]:
+        console.print(f"  history: {entry['name']} -> {entry['verdict']} {entry['labels'] or ''} ({entry['turns_ago']} turns ago)")
+    if used["result_labels"]:
+        console.print(f"labels attached to this result: {used['result_labels']}")
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:
@@ -201,14 +235,8 @@ def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace
         console.print("The policy does not apply to this call: [green]allow[/green].")
         return
     decision = verdict.decisions[0]
-    questions = Table(title="Questions and answers", show_lines=True)
-    questions.add_column("question")
-    questions.add_column("asked")
-    questions.add_column("answer")
-    for parsed in parse_questions(policy.questions):
-        answer = decision.answers.get(parsed.id)
-        questions.add_row(parsed.id, render_question(parsed), _format_answer(answer) if answer else "[red]no answer[/red]")
-    console.print(questions)
+    if policy.questions:
+        _print_answers(console, policy, decision)
     rules = Table(title="Rules, in order")
     rules.add_column("rule")
     rules.add_column("when")
@@ -226,6 +254,17 @@ def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace
     console.print(f"verdict: [bold {colour}]{verdict.action}[/bold {colour}] by {by}: {verdict.message or '-'}  ({verdict.latency_ms:.0f} ms)")
     if verdict.error:
         console.print(f"[red]error:[/red] {verdict.error}")
+
+
+def _print_answers(console: Console, policy: Policy, decision: PolicyDecision) -> None:
+    questions = Table(title="Questions and answers", show_lines=True)
+    questions.add_column("question")
+    questions.add_column("asked")
+    questions.add_column("answer")
+    for parsed in parse_questions(policy.questions):
+        answer = decision.answers.get(parsed.id)
+        questions.add_row(parsed.id, render_question(parsed), _format_answer(answer) if answer else "[red]no answer[/red]")
+    console.print(questions)
 
 
 def _format_answer(answer: Any) -> str:

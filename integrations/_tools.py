@@ -43,7 +43,10 @@ from langgraph.types import Command, interrupt
 from pydantic import Discriminator
 
 from clef_guard import Guard, Verdict
+from clef_guard.gate.guard import ToolInfo
+from clef_guard.gate.trail import TRAIL_KEY, label_sources, model_turns, trail_entry
 from clef_guard.gate.view import engine_state, normalise_call
+from clef_guard.policy.load import HINTS
 from clef_guard.telemetry.reviews import ReviewLog
 
 ReviewDecision = Literal["approve", "edit", "reject", "respond"]
@@ -88,7 +91,7 @@ class GateOptions(TypedDict, total=False):
 class ToolGate:
     """Turns verdicts into tool-call outcomes; shared by every tool-calling integration."""
 
-    def __init__(self, guard: Guard, **options: Unpack[GateOptions]) -> None:
+    def __init__(self, guard: Guard, *, messages_key: str = "messages", **options: Unpack[GateOptions]) -> None:
         allowed_decisions = options.get("allowed_decisions", ("approve", "edit", "reject", "respond"))
         check_results = options.get("check_results", True)
         unknown = set(allowed_decisions) - set(_DECISION_TYPES)
@@ -98,37 +101,70 @@ class ToolGate:
         self.allowed_decisions = list(dict.fromkeys(allowed_decisions))
         self.check_results = check_results
         self.review_log = options.get("review_log")
+        self.messages_key = messages_key
         members = tuple(_DECISION_TYPES[d] for d in self.allowed_decisions)
         self._schema: Any = members[0] if len(members) == 1 else Annotated[Union[members], Discriminator("type")]  # noqa: UP007
         self._batches: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def wrap(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]) -> ToolMessage | Command[Any]:
-        """The ``wrap_tool_call`` hook: gate, maybe ask a human, run, screen the result."""
-        outcome = self.review(request.tool_call, self._sibling_verdict(request), **_reviewing(request))
+        """The ``wrap_tool_call`` hook: gate, maybe ask a human, run, screen and label the result."""
+        verdict = self._sibling_verdict(request)
+        outcome = self.review(request.tool_call, verdict, **_reviewing(request))
         if isinstance(outcome, _Edited):
-            outcome = self.after_edit(outcome.call, self.guard.check(outcome.call, request.state, tool_description=_description(request)))
+            verdict = self.guard.check(outcome.call, request.state, tool_info=tool_info(request))
+            outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
-            return outcome
+            return self._recorded(request, outcome, verdict, [])
         result = handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
-        verdicts = [self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text) for m in found]
-        return self._screened(result, found, verdicts)
+        checked = [
+            self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=tool_info(request))
+            for m in found
+        ]
+        return self._recorded(request, self._screened(result, found, checked), verdict, checked)
 
     async def awrap(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
     ) -> ToolMessage | Command[Any]:
         """The ``awrap_tool_call`` hook: async twin of :meth:`wrap`."""
-        outcome = self.review(request.tool_call, await self._asibling_verdict(request), **_reviewing(request))
+        verdict = await self._asibling_verdict(request)
+        outcome = self.review(request.tool_call, verdict, **_reviewing(request))
         if isinstance(outcome, _Edited):
-            verdict = await self.guard.acheck(outcome.call, request.state, tool_description=_description(request))
+            verdict = await self.guard.acheck(outcome.call, request.state, tool_info=tool_info(request))
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
-            return outcome
+            return self._recorded(request, outcome, verdict, [])
         result = await handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
-        verdicts = [await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text) for m in found]
-        return self._screened(result, found, verdicts)
+        checked = [
+            await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=tool_info(request))
+            for m in found
+        ]
+        return self._recorded(request, self._screened(result, found, checked), verdict, checked)
+
+    def _recorded(
+        self, request: ToolCallRequest, result: ToolMessage | Command[Any], verdict: Verdict, checked: list[Verdict]
+    ) -> ToolMessage | Command[Any]:
+        """``result`` with the call's trail entry (its verdict, its result's labels) added to the state update.
+
+        Only the gate writes the trail: a trail update in a tool's own ``Command`` is dropped.
+        A graph whose state has no trail channel gets ``result`` as it is.
+        """
+        state = request.state if isinstance(request.state, Mapping) else {}
+        if TRAIL_KEY not in state:
+            return result
+        entry = trail_entry(
+            request.tool_call,
+            turn=model_turns(state),
+            verdict=verdict.action,
+            labels=[label for v in checked for label in v.labels],
+            marks=[mark for v in checked for mark in v.marks],
+        )
+        if isinstance(result, ToolMessage):
+            return Command(update={self.messages_key: [result], TRAIL_KEY: [entry]})
+        update = result.update if isinstance(result.update, Mapping) else {}
+        return dataclasses.replace(result, update={**{k: v for k, v in update.items() if k != TRAIL_KEY}, TRAIL_KEY: [entry]})
 
     def review(
         self, call: ToolCall, verdict: Verdict, *, state: Any = None, thread: str = "", description: str | None = None
@@ -141,7 +177,7 @@ class ToolGate:
             return call
         if verdict.action == "deny":
             return blocked_message(call, verdict)
-        decision = interrupt(self.review_request(call, verdict), response_schema=self._schema)
+        decision = interrupt(self.review_request(call, verdict, state), response_schema=self._schema)
         if self.review_log is not None:
             policy = next(p for p in self.guard.policies if p.name == verdict.policy)
             seen = engine_state(policy, normalise_call(call), state, description) if self.review_log.record_states else None
@@ -159,8 +195,12 @@ class ToolGate:
         )
         return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"], status="error")
 
-    def review_request(self, call: ToolCall, verdict: Verdict) -> dict[str, Any]:
-        """The interrupt value: LangChain's ``tool_approval`` shape plus clef-guard's reasons."""
+    def review_request(self, call: ToolCall, verdict: Verdict, state: Any = None) -> dict[str, Any]:
+        """The interrupt value: LangChain's ``tool_approval`` shape plus clef-guard's reasons.
+
+        ``clef_guard.sources`` names the earlier calls whose results gave the thread its
+        labels (tool, call id, how many turns ago), so a reviewer sees where the data came from.
+        """
         escalation = verdict.action == "escalate"
         return {
             "type": "tool_approval",
@@ -183,6 +223,8 @@ class ToolGate:
                 ],
                 "answers": {p: {q: a.model_dump() for q, a in answers.items()} for p, answers in verdict.answers.items()},
                 "thresholds": verdict.thresholds,
+                "labels": {"thread": list(verdict.thread_labels), "call": list(verdict.tool_call.get("labels") or ())},
+                "sources": label_sources(state),
             },
         }
 
@@ -223,7 +265,7 @@ class ToolGate:
         )
 
     def verdicts(
-        self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None, *, thread: str = ""
+        self, calls: Sequence[ToolCall], state: Any, tools: Mapping[str, ToolInfo] | None = None, *, thread: str = ""
     ) -> list[Verdict]:
         """Verdicts for calls proposed together, computed once in one engine batch.
 
@@ -240,7 +282,7 @@ class ToolGate:
                 future = self._remember(key, concurrent.futures.Future())
         if owner:
             try:
-                future.set_result(self.guard.check_many(calls, state, descriptions=descriptions))
+                future.set_result(self.guard.check_many(calls, state, tools=tools))
             except BaseException as exc:
                 with self._lock:
                     self._batches.pop(key, None)
@@ -248,23 +290,23 @@ class ToolGate:
         return future.result()
 
     async def averdicts(
-        self, calls: Sequence[ToolCall], state: Any, descriptions: Mapping[str, str] | None = None, *, thread: str = ""
+        self, calls: Sequence[ToolCall], state: Any, tools: Mapping[str, ToolInfo] | None = None, *, thread: str = ""
     ) -> list[Verdict]:
         """Async twin of :meth:`verdicts`."""
         key = ("async", *_batch_key(thread, state, calls))
         with self._lock:
             task = self._batches.get(key)
             if task is None:
-                task = self._remember(key, asyncio.ensure_future(self.guard.acheck_many(calls, state, descriptions=descriptions)))
+                task = self._remember(key, asyncio.ensure_future(self.guard.acheck_many(calls, state, tools=tools)))
         return await task
 
     def _sibling_verdict(self, request: ToolCallRequest) -> Verdict:
         calls, index = _siblings(request)
-        return self.verdicts(calls, request.state, _descriptions(request), thread=thread_of(request.runtime.config))[index]
+        return self.verdicts(calls, request.state, tool_infos(request), thread=thread_of(request.runtime.config))[index]
 
     async def _asibling_verdict(self, request: ToolCallRequest) -> Verdict:
         calls, index = _siblings(request)
-        return (await self.averdicts(calls, request.state, _descriptions(request), thread=thread_of(request.runtime.config)))[index]
+        return (await self.averdicts(calls, request.state, tool_infos(request), thread=thread_of(request.runtime.config)))[index]
 
     def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
         self._batches[key] = value
@@ -331,18 +373,35 @@ def _siblings(request: ToolCallRequest) -> tuple[list[ToolCall], int]:
     return [request.tool_call], 0
 
 
-def _descriptions(request: ToolCallRequest) -> dict[str, str]:
-    tools = getattr(request.runtime, "tools", None) or []
-    found = {t.name: t.description for t in tools if getattr(t, "description", None)}
-    if request.tool is not None and request.tool.description:
-        found[request.tool.name] = request.tool.description
-    return found
+def tool_infos(request: ToolCallRequest) -> dict[str, ToolInfo]:
+    """What each of the agent's tools declares (description, MCP annotations, metadata, tags), by name."""
+    tools = [*(getattr(request.runtime, "tools", None) or []), *([request.tool] if request.tool is not None else [])]
+    return {t.name: describe_tool(t) for t in tools if isinstance(getattr(t, "name", None), str)}
+
+
+def tool_info(request: ToolCallRequest) -> ToolInfo:
+    """What the requested call's tool declares."""
+    return describe_tool(request.tool) if request.tool is not None else {}
+
+
+def describe_tool(tool: Any) -> ToolInfo:
+    """A LangChain tool's :class:`~clef_guard.gate.guard.ToolInfo`.
+
+    MCP annotations are read where ``langchain-mcp-adapters`` puts them: the tool's
+    ``metadata`` (``readOnlyHint``, ...), or a mapping under ``metadata["annotations"]``.
+    """
+    metadata = getattr(tool, "metadata", None) or {}
+    nested = metadata.get("annotations") if isinstance(metadata.get("annotations"), Mapping) else {}
+    info: ToolInfo = {
+        "annotations": {h: metadata.get(h, nested.get(h)) for h in HINTS},
+        "metadata": metadata,
+        "tags": list(getattr(tool, "tags", None) or ()),
+    }
+    if getattr(tool, "description", None):
+        info["description"] = tool.description
+    return info
 
 
 def _reviewing(request: ToolCallRequest) -> dict[str, Any]:
     """What the review log keeps of a request besides the verdict."""
-    return {"state": request.state, "thread": thread_of(request.runtime.config), "description": _description(request)}
-
-
-def _description(request: ToolCallRequest) -> str | None:
-    return request.tool.description if request.tool is not None else None
+    return {"state": request.state, "thread": thread_of(request.runtime.config), "description": tool_info(request).get("description")}

@@ -18,15 +18,22 @@ A ``confirm`` or ``escalate`` verdict interrupts the run with a ``tool_approval`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Unpack
+from typing import Annotated, Any, NotRequired, Unpack
 
 from clef_guard.integrations._tools import GateOptions, ToolGate
-from langchain.agents.middleware import AgentMiddleware
-from langchain.agents.middleware.types import ToolCallRequest
+from langchain.agents.middleware import AgentMiddleware, AgentState
+from langchain.agents.middleware.types import PrivateStateAttr, ToolCallRequest
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
 from clef_guard import Guard
+from clef_guard.gate.trail import merge_trail
+
+
+class GuardState(AgentState):
+    """The agent state with the thread's trail: gated calls and their results' labels (checkpointed, private)."""
+
+    clef_guard_trail: NotRequired[Annotated[list[dict[str, Any]], PrivateStateAttr, merge_trail]]
 
 
 class GuardMiddleware(AgentMiddleware):
@@ -36,11 +43,14 @@ class GuardMiddleware(AgentMiddleware):
     ----------
     guard
         The guard to ask. Give it ``human_review=True`` so escalations reach a person
-        (through an interrupt) instead of being denied.
+        (through an interrupt) instead of being denied. The agent's state gains the
+        thread's trail (:class:`GuardState`), which flow rules read as ``history`` and ``labels``.
     **options
         :class:`~clef_guard.integrations._tools.GateOptions`: ``allowed_decisions`` (what a
         reviewer may answer) and ``check_results`` (screen tool results for injection).
     """
+
+    state_schema = GuardState
 
     def __init__(self, guard: Guard, **options: Unpack[GateOptions]) -> None:
         super().__init__()
@@ -64,4 +74,4 @@ class GuardMiddleware(AgentMiddleware):
         return await self.gate.awrap(request, handler)
 
 
-__all__ = ["GuardMiddleware"]
+__all__ = ["GuardMiddleware", "GuardState"]

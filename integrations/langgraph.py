@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from clef_guard.integrations._tools import (
@@ -35,13 +35,21 @@ from langchain_core.decisions import BaseDecisionModel, Choice
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
+from langgraph.graph import MessagesState
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 from clef_guard import Guard, Policy, PolicyError, Verdict, load_policy, parse_policy
+from clef_guard.gate.trail import TRAIL_KEY, merge_trail, model_turns, trail_entry
 from clef_guard.telemetry.reviews import ReviewLog
 
 _ALL_DECISIONS: tuple[ReviewDecision, ...] = ("approve", "edit", "reject", "respond")
+
+
+class GuardedMessagesState(MessagesState):
+    """``MessagesState`` with the thread's trail, which flow rules read as ``history`` and ``labels``."""
+
+    clef_guard_trail: Annotated[list[dict[str, Any]], merge_trail]
 
 
 def guarded_tool_node(
@@ -52,9 +60,11 @@ def guarded_tool_node(
     Parallel calls are checked in one engine batch. When the graph gives the node the
     whole AI message, calls that need a person interrupt one after another; send each
     call on its own (``Send``, as ``create_agent`` does) to get all interrupts at once.
-    ``gate`` sets what a reviewer may answer and whether results are screened.
+    ``gate`` sets what a reviewer may answer and whether results are screened. Give the
+    graph a trail channel (:class:`GuardedMessagesState`, or ``clef_guard_trail`` with the
+    reducer :func:`~clef_guard.gate.trail.merge_trail` in your own state) for flow rules.
     """
-    tool_gate = ToolGate(guard, **(gate or {}))
+    tool_gate = ToolGate(guard, messages_key=tool_node_kwargs.get("messages_key", "messages"), **(gate or {}))
     return ToolNode(tools, wrap_tool_call=tool_gate.wrap, awrap_tool_call=tool_gate.awrap, **tool_node_kwargs)
 
 
@@ -81,7 +91,7 @@ def guard_node(
         calls = _last_ai_message(state, messages_key).tool_calls
         return [gate.review(call, verdict, state=state, thread=thread) for call, verdict in zip(calls, verdicts, strict=True)]
 
-    def command(state: Mapping[str, Any], outcomes: list[Any], rechecked: list[Verdict]) -> Command[Any]:
+    def command(state: Mapping[str, Any], verdicts: list[Verdict], outcomes: list[Any], rechecked: list[Verdict]) -> Command[Any]:
         sends, answers = [], []
         again = iter(rechecked)
         for outcome in outcomes:
@@ -91,19 +101,25 @@ def guard_node(
                 answers.append(outcome)
             else:
                 sends.append(Send(tools_node, {"__type": "tool_call_with_context", "tool_call": outcome, "state": state}))
-        return Command(update={messages_key: answers}, goto=sends or back_to)
+        update: dict[str, Any] = {messages_key: answers}
+        if TRAIL_KEY in state:  # history for flow rules; results reach a plain ToolNode unlabeled
+            calls, turn = _last_ai_message(state, messages_key).tool_calls, model_turns(state)
+            update[TRAIL_KEY] = [trail_entry(c, turn=turn, verdict=v.action) for c, v in zip(calls, verdicts, strict=True)]
+        return Command(update=update, goto=sends or back_to)
 
     def run(state: Mapping[str, Any], config: RunnableConfig) -> Command[Any]:
         thread = thread_of(config)
-        outcomes = review(state, gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state, thread=thread), thread)
+        verdicts = gate.verdicts(_last_ai_message(state, messages_key).tool_calls, state, thread=thread)
+        outcomes = review(state, verdicts, thread)
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
-        return command(state, outcomes, guard.check_many(edits, state) if edits else [])
+        return command(state, verdicts, outcomes, guard.check_many(edits, state) if edits else [])
 
     async def arun(state: Mapping[str, Any], config: RunnableConfig) -> Command[Any]:
         calls, thread = _last_ai_message(state, messages_key).tool_calls, thread_of(config)
-        outcomes = review(state, await gate.averdicts(calls, state, thread=thread), thread)
+        verdicts = await gate.averdicts(calls, state, thread=thread)
+        outcomes = review(state, verdicts, thread)
         edits = [o.call for o in outcomes if isinstance(o, _Edited)]
-        return command(state, outcomes, await guard.acheck_many(edits, state) if edits else [])
+        return command(state, verdicts, outcomes, await guard.acheck_many(edits, state) if edits else [])
 
     return RunnableLambda(run, afunc=arun, name="clef_guard")
 
@@ -246,4 +262,4 @@ def _last_ai_message(state: Mapping[str, Any], key: str) -> AIMessage:
     raise PolicyError("the guard node needs an AI message with tool calls in the state", field=key)
 
 
-__all__ = ["IntentRouter", "guard_node", "guarded_tool_node", "intent_router"]
+__all__ = ["GuardedMessagesState", "IntentRouter", "guard_node", "guarded_tool_node", "intent_router"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,11 +28,23 @@ from typing import Any, TypedDict, Unpack
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse
 
 from clef_guard.errors import EngineTimeoutError, PolicyError
-from clef_guard.gate.rules import evaluate_rules, failed_decision
+from clef_guard.gate.rules import (
+    Labeling,
+    evaluate_rules,
+    failed_decision,
+    label_result,
+)
+from clef_guard.gate.trail import (
+    TRAIL_KEY,
+    carried_labels,
+    flow_variables,
+    model_turns,
+    user_text,
+)
 from clef_guard.gate.verdict import PolicyDecision, Verdict
 from clef_guard.gate.view import engine_state, normalise_call
 from clef_guard.policy.calibration import load_calibration
-from clef_guard.policy.load import Policy
+from clef_guard.policy.load import HINTS, Policy
 from clef_guard.policy.schema import SEVERITY, Mode
 from clef_guard.telemetry.spans import Telemetry
 
@@ -53,6 +66,18 @@ class CheckOptions(TypedDict, total=False):
     """The tool's description, shown to the engine when a policy asks for it."""
     tool_result: Any
     """What the tool returned, for ``after_tool`` checks."""
+    tool_info: ToolInfo
+    """What the tool declares of itself (MCP annotations, metadata, tags), for rules only."""
+
+
+class ToolInfo(TypedDict, total=False):
+    """What a tool says about itself; rules read it as ``tool.annotations``, ``tool.metadata``, ``tool.tags``."""
+
+    description: str
+    annotations: Mapping[str, Any]
+    """MCP hints (``readOnlyHint``, ``destructiveHint``, ``idempotentHint``, ``openWorldHint``)."""
+    metadata: Mapping[str, Any]
+    tags: Sequence[str]
 
 
 @dataclass
@@ -67,11 +92,13 @@ class _Check:
     groups: list[_Group]
     start: float
     phase: str
+    flow: dict[str, Any]
+    """``history`` and ``labels`` of the thread, from the state's trail."""
     start_ns: int = field(default_factory=time.time_ns)
     errors: list[BaseException] = field(default_factory=list)
     input_tokens: int = 0
-    failed: list[PolicyDecision] = field(default_factory=list)
-    """Decisions made before the engine was asked: policies whose ``applies_to.when`` failed."""
+    settled: list[PolicyDecision] = field(default_factory=list)
+    """Decisions made without the engine: policies with no questions, or whose ``applies_to.when`` failed."""
 
 
 @dataclass
@@ -165,10 +192,11 @@ class Guard:
             self._engine = LocalDecisionModel()
         return self._engine
 
-    def matching(self, tool_call: Mapping[str, Any], *, phase: str = "before_tool", step: str | None = None, context: Mapping[str, Any] | None = None) -> list[Policy]:
-        """The policies that apply to ``tool_call`` at this phase and step."""
-        call = normalise_call(tool_call)
-        return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context or {}, tool=call)]
+    def matching(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> list[Policy]:
+        """The policies that apply to ``tool_call`` at this phase and step (errors in ``applies_to.when`` raise)."""
+        call, flow = situation(tool_call, state, options)
+        phase, step, context = options.get("phase", "before_tool"), options.get("step"), options.get("context") or {}
+        return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context, tool=call, flow=flow)]
 
     def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
@@ -183,15 +211,17 @@ class Guard:
         tool_calls: Sequence[Mapping[str, Any]],
         state: Any = None,
         *,
-        descriptions: Mapping[str, str] | None = None,
+        tools: Mapping[str, ToolInfo] | None = None,
         **options: Unpack[CheckOptions],
     ) -> list[Verdict]:
         """Check calls proposed together (parallel tool calls) in one engine batch.
 
-        ``descriptions`` maps tool names to their descriptions. The calls share the
-        state, so a local engine's prefix cache serves all but the first.
+        ``tools`` maps tool names to what they declare (their description, annotations,
+        ...). The calls share the state, so a local engine's prefix cache serves all but
+        the first. A state holding a trail (:data:`~clef_guard.gate.trail.TRAIL_KEY`) gives
+        rules the thread's ``history`` and ``labels``.
         """
-        runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
+        runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
         decisions = self._decide_runs(runs, self._ask([g for r in runs for g in r.groups]))
         again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
         if any(again):
@@ -204,11 +234,11 @@ class Guard:
         tool_calls: Sequence[Mapping[str, Any]],
         state: Any = None,
         *,
-        descriptions: Mapping[str, str] | None = None,
+        tools: Mapping[str, ToolInfo] | None = None,
         **options: Unpack[CheckOptions],
     ) -> list[Verdict]:
         """Async twin of :meth:`check_many`."""
-        runs = [self._begin(call, state, _with_description(options, call, descriptions)) for call in tool_calls]
+        runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
         decisions = self._decide_runs(runs, await self._aask([g for r in runs for g in r.groups]))
         again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
         if any(again):
@@ -220,7 +250,7 @@ class Guard:
         """Split one batch of replies back to the checks that asked them."""
         decided, offset = [], 0
         for run in runs:
-            decided.append(run.failed + self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
+            decided.append(run.settled + self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
             offset += len(run.groups)
         return decided
 
@@ -239,18 +269,22 @@ class Guard:
         return merged
 
     def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
-        call = normalise_call(tool_call, options.get("tool_result"))
+        start = time.perf_counter()
+        call, flow = situation(tool_call, state, options)
         context = dict(options.get("context") or {})
         phase = options.get("phase", "before_tool")
-        run = _Check(call, state, context, options.get("tool_description"), [], [], time.perf_counter(), phase)
+        description = options.get("tool_description") or (options.get("tool_info") or {}).get("description")
+        run = _Check(call, state, context, description, [], [], start, phase, flow)
         for policy in self.policies:  # the call keeps its result, for after_tool conditions
             try:
-                applies = policy.matches(call["name"], phase=phase, step=options.get("step"), context=context, tool=call)
+                applies = policy.matches(call["name"], phase=phase, step=options.get("step"), context=context, tool=call, flow=flow)
             except Exception as exc:  # a condition that cannot be read may hide a match: fail closed
                 run.errors.append(exc)
-                run.failed.append(failed_decision(policy, f"applies_to.when could not be evaluated: {_describe(exc)}"))
+                run.settled.append(failed_decision(policy, f"applies_to.when could not be evaluated: {_describe(exc)}"))
                 continue
-            if applies:
+            if applies and not policy.questions:  # rules alone decide: no engine call
+                run.settled.append(evaluate_rules(policy, {}, call, context, flow=flow, calibrated=policy.name in self._calibrated))
+            elif applies:
                 run.policies.append(policy)
         run.groups.extend(self._groups(run, run.policies))
         return run
@@ -339,7 +373,9 @@ class Guard:
                     decisions.append(failed_decision(policy, str(error), calibrated=calibrated, escalated=escalated))
                 else:
                     decisions.append(
-                        evaluate_rules(policy, answers, run.call, run.context, calibrated=calibrated, escalated=escalated)
+                        evaluate_rules(
+                            policy, answers, run.call, run.context, flow=run.flow, calibrated=calibrated, escalated=escalated
+                        )
                     )
         return decisions
 
@@ -356,11 +392,30 @@ class Guard:
                     _log.exception("an on_verdict listener failed")
         return verdicts
 
+    def _labeling(self, run: _Check, decisions: list[PolicyDecision]) -> Labeling:
+        """The labels every policy's label rules attach to an ``after_tool`` check's result."""
+        asked = {d.policy: d for d in decisions if any(p.name == d.policy for p in run.policies)}
+        labels: set[str] = set()
+        marks: list[str] = []
+        errors: list[str] = []
+        for policy in self.policies:
+            if not policy.labels:
+                continue
+            decision = asked.get(policy.name)
+            answers = None if decision is None else decision.answers
+            labeling = label_result(policy, answers, run.call, run.context, run.flow, failed=decision is not None and bool(decision.error))
+            labels.update(labeling.labels)
+            marks += labeling.marks
+            errors += [labeling.error] if labeling.error else []
+        return Labeling(tuple(sorted(labels)), tuple(dict.fromkeys(marks)), "; ".join(errors) or None)
+
     def _verdict(self, run: _Check, decisions: list[PolicyDecision]) -> Verdict:
         call, start = run.call, run.start
         engine_name = getattr(self._engine, "model", None) if self._engine is not None else None
         escalation_name = getattr(self.escalation, "model", None) if self.escalation is not None else None
-        errors = [d.error for d in decisions if d.error]
+        labeling = self._labeling(run, decisions) if run.phase == "after_tool" else Labeling()
+        errors = [d.error for d in decisions if d.error] + ([labeling.error] if labeling.error else [])
+        flow = {"labels": labeling.labels, "marks": labeling.marks, "thread_labels": tuple(run.flow["labels"])}
         decisions = [d if d.policy in self._enforcing else replace(d, enforced=False) for d in decisions]
         enforced = [d for d in decisions if d.enforced]
         final = max(enforced, key=lambda d: SEVERITY[d.action]) if enforced else None
@@ -371,7 +426,7 @@ class Guard:
             return Verdict(
                 "allow", None, None, "no policy applies" if not decisions else "only policies in shadow mode apply",
                 tuple(decisions), call, _ms(start), engine_name, escalation_name, "; ".join(errors) or None, run.phase,
-                run.input_tokens, shadowed,
+                run.input_tokens, shadowed, **flow,
             )
         action, message = final.action, final.message
         if action == "escalate" and not self.human_review:
@@ -393,17 +448,34 @@ class Guard:
             error="; ".join(errors) or None,
             phase=run.phase,
             input_tokens=run.input_tokens,
+            **flow,
         )
 
 
 
 
-def _with_description(
-    options: CheckOptions, call: Mapping[str, Any], descriptions: Mapping[str, str] | None
-) -> CheckOptions:
-    if descriptions and call.get("name") in descriptions:
-        return {**options, "tool_description": descriptions[call["name"]]}
+def situation(tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The call as rules read it (with what its tool declares and the labels its arguments carry), and the thread's flow."""
+    call = {**normalise_call(tool_call, options.get("tool_result")), **declared(options.get("tool_info") or {})}
+    trail = state.get(TRAIL_KEY) if isinstance(state, Mapping) else None
+    trail = [e for e in trail if isinstance(e, Mapping)] if isinstance(trail, Sequence) else []
+    call["labels"] = carried_labels(call["args"], trail, trusted=user_text(state)) if trail else []
+    return call, flow_variables(trail, turn=model_turns(state), exclude=call["id"])
+
+
+def _with_tool(options: CheckOptions, call: Mapping[str, Any], tools: Mapping[str, ToolInfo] | None) -> CheckOptions:
+    if tools and call.get("name") in tools:
+        return {**options, "tool_info": tools[call["name"]]}
     return options
+
+
+def declared(info: ToolInfo) -> dict[str, Any]:
+    """``tool.annotations``, ``tool.metadata`` and ``tool.tags`` as rules read them: JSON values,
+    every MCP hint present (``null`` when the tool does not declare it)."""
+    annotations = info.get("annotations") or {}
+    hints = {hint: annotations.get(hint) if isinstance(annotations.get(hint), bool) else None for hint in HINTS}
+    metadata = json.loads(json.dumps(dict(info.get("metadata") or {}), default=str))
+    return {"annotations": hints, "metadata": metadata, "tags": [str(t) for t in info.get("tags") or ()]}
 
 
 def _merge_escalated(first: list[PolicyDecision], again: list[PolicyDecision]) -> list[PolicyDecision]:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.decisions import ChoiceAnswer, NoulAnswer, ScoreAnswer
 
 from clef_guard.errors import EngineError
+from clef_guard.gate.trail import marks_of
 from clef_guard.gate.verdict import PolicyDecision
-from clef_guard.policy.load import Policy
+from clef_guard.policy.load import EMPTY_FLOW, Policy
+
+PATTERN_TIMEOUT_S = 0.25
+"""Longest a label pattern may search one result (a pathological pattern fails closed)."""
 
 
 def evaluate_rules(
@@ -19,6 +24,7 @@ def evaluate_rules(
     call: Mapping[str, Any],
     context: Mapping[str, Any],
     *,
+    flow: Mapping[str, Any] = EMPTY_FLOW,
     calibrated: bool = False,
     escalated: bool = False,
 ) -> PolicyDecision:
@@ -30,7 +36,7 @@ def evaluate_rules(
     unusable = next((f"answer {qid!r} {problem}" for qid, a in answers.items() if (problem := answer_problem(a))), None)
     if unusable is not None:
         return failed_decision(policy, f"the engine's {unusable}", answers=answers, calibrated=calibrated, escalated=escalated)
-    variables = cel_variables(policy, answers, call, context)
+    variables = cel_variables(policy, answers, call, context, flow)
     for rule in policy.rules:
         try:
             holds = rule.program.execute(variables)
@@ -73,10 +79,14 @@ def answer_problem(answer: Any) -> str | None:
 
 
 def rule_trace(
-    policy: Policy, answers: Mapping[str, Any], call: Mapping[str, Any], context: Mapping[str, Any]
+    policy: Policy,
+    answers: Mapping[str, Any],
+    call: Mapping[str, Any],
+    context: Mapping[str, Any],
+    flow: Mapping[str, Any] = EMPTY_FLOW,
 ) -> list[tuple[str, bool | str]]:
     """Every rule's outcome (``True``, ``False`` or an error text), for explanations."""
-    variables = cel_variables(policy, answers, call, context)
+    variables = cel_variables(policy, answers, call, context, flow)
     trace: list[tuple[str, bool | str]] = []
     for rule in policy.rules:
         try:
@@ -87,7 +97,11 @@ def rule_trace(
 
 
 def cel_variables(
-    policy: Policy, answers: Mapping[str, Any], call: Mapping[str, Any], context: Mapping[str, Any]
+    policy: Policy,
+    answers: Mapping[str, Any],
+    call: Mapping[str, Any],
+    context: Mapping[str, Any],
+    flow: Mapping[str, Any] = EMPTY_FLOW,
 ) -> dict[str, Any]:
     """The variables a rule's CEL condition sees."""
     return {
@@ -95,7 +109,65 @@ def cel_variables(
         "thresholds": dict(policy.thresholds),
         "tool": dict(call),
         "context": dict(context),
+        "history": list(flow["history"]),
+        "labels": list(flow["labels"]),
     }
+
+
+@dataclass(frozen=True)
+class Labeling:
+    """The labels a policy's label rules attach to one tool result."""
+
+    labels: tuple[str, ...] = ()
+    marks: tuple[str, ...] = ()
+    """Provenance marks of the labeled text (:func:`clef_guard.gate.trail.marks_of`)."""
+    error: str | None = None
+    """A rule that could not be read attaches its label (the stricter reading) and says why here."""
+
+
+def label_result(
+    policy: Policy,
+    answers: Mapping[str, Any] | None,
+    call: Mapping[str, Any],
+    context: Mapping[str, Any],
+    flow: Mapping[str, Any] = EMPTY_FLOW,
+    *,
+    failed: bool = False,
+) -> Labeling:
+    """Apply ``policy``'s label rules to ``call["result"]``.
+
+    ``answers`` is ``None`` when the policy was not asked about this result: rules that read
+    answers are skipped. ``failed``: it was asked and has no usable answers, so those rules
+    attach their labels unread (the stricter reading).
+    """
+    text = str(call.get("result") or "")
+    variables = cel_variables(policy, answers or {}, call, context, flow)
+    labels: list[str] = []
+    marks: list[str] = []
+    errors: list[str] = []
+    for rule in policy.labels:
+        if not rule.reads(call["name"]) or (rule.reads_answers and answers is None):
+            continue
+        if rule.reads_answers and failed:
+            errors.append(f"label rule {rule.label!r} attached without the engine's answers")
+            labels.append(rule.label)
+            continue
+        try:
+            if rule.program is not None and rule.program.execute(variables) is not True:
+                continue
+            spans = None
+            if rule.pattern is not None:
+                group = "mark" if "mark" in rule.pattern.groupindex else 0
+                spans = [m.group(group) or m.group(0) for m in rule.pattern.finditer(text, timeout=PATTERN_TIMEOUT_S)]
+                if not spans:
+                    continue
+        except Exception as exc:  # an unreadable rule attaches its label: stricter, never looser
+            errors.append(f"label rule {rule.label!r} could not be evaluated: {type(exc).__name__}: {exc}")
+            labels.append(rule.label)
+            continue
+        labels.append(rule.label)
+        marks += marks_of(text, spans)
+    return Labeling(tuple(sorted(set(labels))), tuple(dict.fromkeys(marks)), "; ".join(errors) or None)
 
 
 def cel_value(answer: Any) -> Any:

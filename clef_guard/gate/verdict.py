@@ -48,6 +48,12 @@ class Verdict:
     shadowed: PolicyDecision | None = None
     """The strictest decision of a policy in shadow mode, when it is stricter than ``action``:
     what the guard would have done had it been enforced."""
+    labels: tuple[str, ...] = ()
+    """Labels the policies attached to the tool's result (``after_tool``)."""
+    marks: tuple[str, ...] = ()
+    """Provenance marks of the labeled text: hashes, never the text (:mod:`clef_guard.gate.trail`)."""
+    thread_labels: tuple[str, ...] = ()
+    """Every label the thread carried when the check ran."""
 
     @property
     def enforced(self) -> bool:

@@ -19,7 +19,7 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
     payload: dict[str, Any] = {}
     if view.fields and isinstance(state, Mapping):
         payload["fields"] = {k: state[k] for k in view.fields if k in state}
-    messages = _messages(state)
+    messages = state_messages(state)
     if view.messages and messages:
         latest = messages[-view.messages :]
         opening = _opening(messages) if view.opening else []
@@ -40,19 +40,25 @@ def _opening(messages: Sequence[Any]) -> list[Any]:
     A mapping counts as the message it renders as (:func:`clef_guard.engine.state.as_message`).
     """
     for index, message in enumerate(messages):
-        read = message if isinstance(message, BaseMessage) else as_message(message)
-        kind = read.type if read is not None else None
+        kind = message_kind(message)
         if kind != "system":
             return list(messages[: index + (kind == "human")])
     return list(messages)
 
 
-def _messages(state: Any) -> list[Any]:
+def state_messages(state: Any) -> list[Any]:
+    """The state's messages (its ``messages`` key, or the state itself when it is a list of them)."""
     if isinstance(state, Mapping):
         state = state.get("messages")
     if isinstance(state, Sequence) and not isinstance(state, str) and all(isinstance(m, (BaseMessage, Mapping)) for m in state):
         return list(state)
     return []
+
+
+def message_kind(message: Any) -> str | None:
+    """LangChain's type of a message (``human``, ``ai``, ...); a mapping counts as the message it renders as."""
+    read = message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
+    return read.type if read is not None else None
 
 
 def normalise_call(tool_call: Mapping[str, Any], result: Any = None) -> dict[str, Any]:

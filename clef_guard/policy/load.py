@@ -14,13 +14,22 @@ Variables a CEL expression can use:
 - ``thresholds.<name>``: the policy's named thresholds, after calibration overrides;
 - ``tool``: ``{name, args, args_json, id}`` of the proposed call, ``args_json`` being the
   arguments as one JSON string (sorted keys) for pattern checks; ``result`` too after it ran;
-- ``context``: what the integration adds (``step``, ``route``, user-supplied fields).
+  ``labels`` (what :mod:`clef_guard.gate.trail` found of labeled results in the arguments),
+  and what the tool declares of itself: ``annotations`` (MCP hints ``readOnlyHint``,
+  ``destructiveHint``, ``idempotentHint``, ``openWorldHint``; ``null`` when undeclared),
+  ``metadata`` and ``tags``;
+- ``context``: what the integration adds (``step``, ``route``, user-supplied fields);
+- ``history``: the thread's earlier tool calls, oldest first, each
+  ``{id, name, args, verdict, labels, turns_ago}``; ``labels``: every label the thread carries.
+
+A policy's ``labels:`` rules run on every tool result and attach labels to it.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -29,17 +38,22 @@ from pathlib import Path
 from typing import Any
 
 import cel
+import regex
 from langchain_core.decisions import Choice, Noul, Score
 from pydantic import ValidationError
 
 from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import PolicyError, RequestError
 from clef_guard.policy.locate import Locator, compose, validation_error
-from clef_guard.policy.schema import AppliesTo, PolicyFile, StateView
+from clef_guard.policy.schema import AppliesTo, LabelRule, PolicyFile, StateView
 
 BUILTIN_PACKAGE = "clef_guard.policy.builtin"
 """Where the built-in policies ship (the repository's ``policies/`` folder, as package data)."""
 _BUILTIN_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+EMPTY_FLOW: Mapping[str, Any] = {"history": [], "labels": []}
+"""``history`` and ``labels`` of a thread with no trail."""
+HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+"""The MCP tool annotations rules read as ``tool.annotations`` (``null`` when undeclared)."""
 
 @dataclass(frozen=True)
 class CompiledRule:
@@ -50,6 +64,23 @@ class CompiledRule:
     message: str
     source: str
     program: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CompiledLabel:
+    """A label rule with its CEL condition and pattern compiled."""
+
+    label: str
+    tools: tuple[str, ...]
+    reads_answers: bool
+    """Whether ``when`` names ``answers``: it runs only when its policy was asked about the result."""
+    program: Any = field(default=None, repr=False)
+    pattern: Any = field(default=None, repr=False)
+    """A compiled ``regex`` pattern, or ``None``."""
+
+    def reads(self, tool_name: str) -> bool:
+        """Whether this rule reads results of ``tool_name``."""
+        return any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.tools)
 
 
 @dataclass(frozen=True)
@@ -68,9 +99,19 @@ class Policy:
     source: str
     mode: str = "enforce"
     """``enforce``, or ``shadow``: decided and audited, never blocking."""
+    labels: tuple[CompiledLabel, ...] = ()
     _applies_program: Any = field(default=None, repr=False)
 
-    def matches(self, tool_name: str, *, phase: str, step: str | None, context: Mapping[str, Any], tool: Mapping[str, Any]) -> bool:
+    def matches(
+        self,
+        tool_name: str,
+        *,
+        phase: str,
+        step: str | None,
+        context: Mapping[str, Any],
+        tool: Mapping[str, Any],
+        flow: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Whether this policy checks the given call at this phase and step."""
         if phase != self.applies_to.phase:
             return False
@@ -82,7 +123,8 @@ class Policy:
             return False
         if self._applies_program is None:
             return True
-        return self._applies_program.execute({"tool": dict(tool), "context": dict(context)}) is True
+        variables = {"tool": dict(tool), "context": dict(context), **(flow or EMPTY_FLOW)}
+        return self._applies_program.execute(variables) is True
 
     def with_thresholds(self, overrides: Mapping[str, float]) -> Policy:
         """A copy whose named thresholds are replaced by ``overrides`` (calibration)."""
@@ -148,7 +190,8 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         raise PolicyError(f"invalid policy: {exc}", file=source, line=1, column=1) from None
     where = Locator(root, source, text)
     try:
-        parse_questions(spec.questions)
+        if spec.questions:
+            parse_questions(spec.questions)
     except RequestError as exc:
         path = ["questions", exc.question or "", *(exc.field or "").split(".")]
         raise where.error(str(exc).split(": ", 1)[-1], path) from None
@@ -167,6 +210,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         CompiledRule(rule.id, rule.then, rule.message, rule.when, _compile(rule.when, ["rules", i, "when"], where, spec))
         for i, rule in enumerate(spec.rules)
     )
+    labels = tuple(_compile_label(label, i, where, spec) for i, label in enumerate(spec.labels))
     ids = [rule.id for rule in spec.rules]
     for i, rule_id in enumerate(ids):
         if rule_id in ids[:i]:
@@ -183,8 +227,29 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         on_error=spec.on_error,
         source=source,
         mode=spec.mode,
+        labels=labels,
         _applies_program=applies_program,
     )
+
+
+def _compile_label(label: LabelRule, index: int, where: Locator, spec: PolicyFile) -> CompiledLabel:
+    path: list[Any] = ["labels", index]
+    reads_answers = bool(label.when and re.search(r"\banswers\b", label.when))
+    if reads_answers and spec.applies_to.phase != "after_tool":
+        raise where.error(
+            "a label rule names 'answers', which only an after_tool policy has for a result",
+            [*path, "when"],
+            hint="set applies_to.phase: after_tool, or test the result with tool.result.matches(...)",
+        )
+    program = _compile(label.when, [*path, "when"], where, spec) if label.when is not None else None
+    pattern = None
+    if label.pattern is not None:
+        _check_regex(json.dumps(label.pattern), [*path, "pattern"], where)
+        try:
+            pattern = regex.compile(label.pattern)
+        except regex.error as exc:
+            raise where.error(f"invalid regular expression: {exc}", [*path, "pattern"]) from None
+    return CompiledLabel(label.label, tuple(label.tools), reads_answers, program, pattern)
 
 
 def probe_answers(questions: Mapping[str, Noul | Choice | Score]) -> dict[str, Any]:
@@ -227,17 +292,22 @@ def _compile(expression: str, path: list[Any], where: Locator, spec: PolicyFile)
                 f"names {what} {name!r}, which this policy does not define", path, hint=hint, snippet=match.group(0)
             )
     for match in _REGEX_LITERAL.finditer(expression):
-        try:
-            cel.evaluate(f'"".matches({match.group(1)})')
-        except (RuntimeError, ValueError) as exc:
-            raise where.error(
-                f"invalid regular expression: {str(exc).splitlines()[-1].strip()}",
-                path,
-                hint="CEL uses RE2: no look-ahead, look-behind or back-references",
-                snippet=match.group(1),
-            ) from None
+        _check_regex(match.group(1), path, where)
     _dry_run(program, expression, path, where, spec)
     return program
+
+
+def _check_regex(literal: str, path: list[Any], where: Locator) -> None:
+    """Raise when the CEL string ``literal`` is not an RE2 regular expression."""
+    try:
+        cel.evaluate(f'"".matches({literal})')
+    except (RuntimeError, ValueError) as exc:
+        raise where.error(
+            f"invalid regular expression: {str(exc).splitlines()[-1].strip()}",
+            path,
+            hint="CEL uses RE2: no look-ahead, look-behind or back-references",
+            snippet=literal,
+        ) from None
 
 
 def _dry_run(program: Any, expression: str, path: list[Any], where: Locator, spec: PolicyFile) -> None:
@@ -245,8 +315,13 @@ def _dry_run(program: Any, expression: str, path: list[Any], where: Locator, spe
     context = {
         "answers": probe_answers(spec.questions),
         "thresholds": dict(spec.thresholds),
-        "tool": {"name": "", "args": {}, "args_json": "{}", "id": "", "result": ""},
+        "tool": {
+            "name": "", "args": {}, "args_json": "{}", "id": "", "result": "", "labels": [],
+            "annotations": dict.fromkeys(HINTS), "metadata": {}, "tags": [],
+        },
         "context": {},
+        "history": [{"id": "", "name": "", "args": {}, "verdict": "allow", "labels": [], "turns_ago": 1}],
+        "labels": [],
     }
     try:
         result = program.execute(context)

@@ -6,7 +6,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from langchain_core.decisions import Choice, Noul, Score
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Action = Literal["allow", "confirm", "escalate", "deny"]
 Phase = Literal["before_tool", "after_tool", "route"]
@@ -32,7 +32,7 @@ class AppliesTo(_Strict):
     steps: list[str] | None = None
     """Graph step or route-name globs; ``None`` matches any step."""
     when: str | None = None
-    """A CEL condition over ``tool`` and ``context`` (e.g. argument checks)."""
+    """A CEL condition over ``tool``, ``context``, ``history`` and ``labels`` (e.g. argument checks)."""
     phase: Phase = "before_tool"
     """``before_tool`` gates a proposed call, ``after_tool`` its result, ``route`` a branch."""
 
@@ -64,6 +64,21 @@ class Rule(_Strict):
     """Told to the agent (and shown to the user) when this rule decides."""
 
 
+class LabelRule(_Strict):
+    """Attach ``label`` to a tool result: a thread's later calls see it in ``labels`` (and,
+    where the result's text reappears in their arguments, in ``tool.labels``)."""
+
+    label: str = Field(pattern=_NAME)
+    tools: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """Tool-name globs whose results this rule reads."""
+    when: str | None = None
+    """A CEL condition over ``tool`` (with ``result``), ``context``, ``history``, ``labels``
+    and, in an ``after_tool`` policy, its ``answers``; ``None`` always holds."""
+    pattern: str | None = None
+    """A regular expression (RE2 syntax) the result must match; its matches (or their group
+    named ``mark``), not the whole result, are what later arguments are compared with."""
+
+
 class PolicyFile(_Strict):
     """The schema of a policy file."""
 
@@ -72,15 +87,24 @@ class PolicyFile(_Strict):
     description: str = ""
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     state: StateView = Field(default_factory=StateView)
-    questions: dict[str, PolicyQuestion] = Field(min_length=1)
+    questions: dict[str, PolicyQuestion] = Field(default_factory=dict)
+    """No questions: the rules decide alone, and the engine is never asked."""
     thresholds: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=dict)
-    rules: list[Rule] = Field(min_length=1)
+    rules: list[Rule] = Field(default_factory=list)
+    labels: list[LabelRule] = Field(default_factory=list)
+    """Labels this policy attaches to tool results (read on every result, whatever ``applies_to.phase``)."""
     default: Action = "allow"
     """The action when no rule holds."""
     on_error: Action = "deny"
     """The action when the engine fails or times out, or a rule cannot be evaluated."""
     mode: Mode = "enforce"
     """``shadow``: decide and record as usual, but never block (the verdict it would have given is audited)."""
+
+    @model_validator(mode="after")
+    def _decides_something(self) -> PolicyFile:
+        if not self.rules and not self.labels:
+            raise ValueError("a policy needs rules, labels or both")
+        return self
 
     @field_validator("questions")
     @classmethod

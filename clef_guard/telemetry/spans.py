@@ -135,6 +135,9 @@ class Telemetry:
             sc.MESSAGE: scrub(decided.message) or None,
             sc.RISK_SCORE: _risk(deciding.answers) if deciding else None,
             sc.THRESHOLDS: json.dumps(verdict.thresholds, sort_keys=True) if verdict.decisions else None,
+            sc.RESULT_LABELS: list(verdict.labels) or None,
+            sc.CALL_LABELS: list(call.get("labels") or ()) or None,
+            sc.THREAD_LABELS: list(verdict.thread_labels) or None,
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         if self.capture_content:

@@ -1,0 +1,183 @@
+"""What a thread's agent already did: its gated calls, the labels on their results, and where labeled text went.
+
+A thread's *trail* is a list of JSON entries, one per tool call the gate saw::
+
+    {"id": "call-3", "name": "read_file", "args": {...}, "verdict": "allow", "turn": 2,
+     "labels": ["secret"], "marks": ["24:9f0c..."]}
+
+The integrations keep it in the graph state under :data:`TRAIL_KEY`, merged by
+:func:`merge_trail`, so it is checkpointed with the thread and survives interrupts,
+resumes in another process and parallel tool calls; a new thread starts with none.
+Rules read it as ``history`` (the earlier calls, oldest first, with ``turns_ago``),
+``labels`` (every label the thread carries) and ``tool.labels`` (the labels of results
+whose text reappears in this call's arguments).
+
+*Marks* make that last one cheap and keep contents out of the state's copy of the trail:
+a mark is the length and a hash of a normalised span (case folded, whitespace dropped):
+the spans a label rule's pattern matched, or else aligned windows of the whole result.
+A call carries a result's labels when a window of its argument text hashes to one of the
+result's marks and that text does not also appear in a user turn (what the user typed is
+the user's, wherever else it appears). A model that re-encodes a secret (base64, spelling
+it out) escapes marks; rules on ``labels`` still see that the thread read one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from clef_guard.engine.state import content_text
+from clef_guard.gate.view import message_kind, state_messages
+
+TRAIL_KEY = "clef_guard_trail"
+"""The graph-state key the integrations keep a thread's trail under."""
+WINDOW = 24
+"""Normalised characters in one window of a whole result: text copied from it is found
+when at least ``2 * WINDOW - 1`` normalised characters of it reach an argument."""
+MIN_SPAN = 6
+"""The shortest pattern match (normalised) that is marked; shorter ones are too common."""
+MAX_MARKS = 512
+"""Marks kept per result (the first ``MAX_MARKS * WINDOW`` normalised characters)."""
+
+
+def merge_trail(left: Sequence[Mapping[str, Any]] | None, right: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The graph-state reducer: entries by call id in first-seen order.
+
+    A later entry for a known id adds its labels and marks and sets the verdict; nothing
+    is ever removed, so no tool's state update can wipe a label.
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for entry in [*(left or ()), *(right or ())]:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
+            continue
+        known = merged.get(entry["id"])
+        if known is None:
+            merged[entry["id"]] = {**entry, "labels": sorted(set(entry.get("labels") or ())), "marks": list(entry.get("marks") or ())}
+            continue
+        known["labels"] = sorted({*known["labels"], *(entry.get("labels") or ())})
+        known["marks"] = list(dict.fromkeys([*known["marks"], *(entry.get("marks") or ())]))
+        if entry.get("verdict") is not None:
+            known["verdict"] = entry["verdict"]
+    return list(merged.values())
+
+
+def trail_entry(
+    call: Mapping[str, Any], *, turn: int, verdict: str | None = None, labels: Iterable[str] = (), marks: Iterable[str] = ()
+) -> dict[str, Any]:
+    """One trail entry for ``call`` (``{id, name, args}``), made at model turn ``turn``."""
+    return {
+        "id": str(call.get("id") or ""),
+        "name": call["name"],
+        "args": dict(call.get("args") or {}),
+        "verdict": verdict,
+        "turn": turn,
+        "labels": sorted(set(labels)),
+        "marks": list(marks),
+    }
+
+
+def model_turns(state: Any) -> int:
+    """How many model (AI) turns the state's messages hold: the clock of ``turns_ago``."""
+    return sum(1 for m in state_messages(state) if message_kind(m) == "ai")
+
+
+def normalise(text: str) -> str:
+    """``text`` as marks compare it: NFKC, case folded, without whitespace."""
+    return "".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def marks_of(text: str, spans: Sequence[str] | None = None) -> list[str]:
+    """Marks for a labeled result: each of ``spans`` (pattern matches), else aligned windows of ``text``."""
+    if spans is not None:
+        found = (normalise(s) for s in spans)
+        return list(dict.fromkeys(_mark(s) for s in found if len(s) >= MIN_SPAN))[:MAX_MARKS]
+    flat = normalise(text)
+    if len(flat) < WINDOW:
+        return [_mark(flat)] if len(flat) >= MIN_SPAN else []
+    return [_mark(flat[i : i + WINDOW]) for i in range(0, len(flat) - WINDOW + 1, WINDOW)][:MAX_MARKS]
+
+
+def carried_labels(args: Any, trail: Sequence[Mapping[str, Any]], *, trusted: str = "") -> list[str]:
+    """The labels of every trail result whose marked text appears in ``args``.
+
+    Text that also appears in ``trusted`` (normalised; the user's turns) does not count.
+    """
+    marked = [e for e in trail if e.get("labels") and e.get("marks")]
+    if not marked:
+        return []
+    values = [normalise(s) for s in _strings(args)]
+    carried: set[str] = set()
+    for entry in marked:
+        marks = set(entry["marks"])
+        lengths = {int(m.split(":", 1)[0]) for m in marks}
+        if any(_found(value, length, marks, trusted) for value in values for length in lengths):
+            carried.update(entry["labels"])
+    return sorted(carried)
+
+
+def flow_variables(trail: Sequence[Mapping[str, Any]], *, turn: int, exclude: str = "") -> dict[str, Any]:
+    """``history`` and ``labels`` as rules read them (``exclude``: the id of the call being checked)."""
+    history = [
+        {
+            "id": e["id"],
+            "name": e.get("name", ""),
+            "args": e.get("args") or {},
+            "verdict": e.get("verdict") or "",
+            "labels": list(e.get("labels") or ()),
+            "turns_ago": max(0, turn - int(e.get("turn") or 0)),
+        }
+        for e in trail
+        if e.get("id") != exclude or not exclude
+    ]
+    return {"history": history, "labels": sorted({label for e in trail for label in e.get("labels") or ()})}
+
+
+def label_sources(state: Any) -> list[dict[str, Any]]:
+    """Where the thread's labels came from: each labeled result's tool, call id and age in turns."""
+    trail = state.get(TRAIL_KEY) if isinstance(state, Mapping) else None
+    if not isinstance(trail, Sequence):
+        return []
+    turn = model_turns(state)
+    return [
+        {"labels": list(e["labels"]), "tool": e.get("name", ""), "id": e.get("id", ""), "turns_ago": max(0, turn - int(e.get("turn") or 0))}
+        for e in trail
+        if isinstance(e, Mapping) and e.get("labels")
+    ]
+
+
+def user_text(state: Any) -> str:
+    """Everything the user typed in the state's messages, normalised (what :func:`carried_labels` trusts)."""
+    return "\n".join(normalise(content_text(_content(m))) for m in state_messages(state) if message_kind(m) == "human")
+
+
+def _found(value: str, length: int, marks: set[str], trusted: str) -> bool:
+    for i in range(len(value) - length + 1):
+        window = value[i : i + length]
+        if _mark(window) in marks and window not in trusted:
+            return True
+    return False
+
+
+def _mark(flat: str) -> str:
+    return f"{len(flat)}:{hashlib.blake2b(flat.encode(), digest_size=8).hexdigest()}"
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
+def _content(message: Any) -> Any:
+    return message.content if isinstance(message, BaseMessage) else message.get("content", "")
