@@ -372,6 +372,8 @@ class Outcome:
     """Calls the reviewer was asked about."""
     checks: list[tuple[dict[str, Any], Any, dict[str, Any]]]
     """Every gate check made: (call, state, options), replayed for the latency comparison."""
+    rules: list[str]
+    """``action:policy/rule`` of every verdict that was not an allow."""
 
 
 def run_trace(trace: Trace, guarded: bool, folder: Path) -> Outcome:
@@ -402,7 +404,8 @@ def run_trace(trace: Trace, guarded: bool, folder: Path) -> Outcome:
         answer = {"type": "reject"} if trace.kind == "attack" else {"type": "approve"}
         result = agent.invoke(Command(resume={i.id: answer for i in result["__interrupt__"]}), config)
     stopped = sum(v.action == "deny" for v in verdicts) + (confirmed if trace.kind == "attack" else 0)
-    return Outcome(trace.harmed(world), stopped, confirmed, checks)
+    rules = [f"{v.action}:{v.policy}/{v.rule}" for v in verdicts if v.action != "allow"]
+    return Outcome(trace.harmed(world), stopped, confirmed, checks, rules)
 
 
 class _RecordingGuard(Guard):
@@ -462,7 +465,10 @@ def main(argv: list[str] | None = None) -> int:
             "benign_blocked": sum(rows[t.name][config].stopped > 0 for t in BENIGN),
         }
     report["traces"] = [
-        {"name": t.name, "kind": t.kind, **{f"{c}_{k}": getattr(rows[t.name][c], k) for c in ("none", "flow") for k in ("harmed", "confirmed", "stopped")}}
+        {
+            "name": t.name, "kind": t.kind, "flow_rules": rows[t.name]["flow"].rules,
+            **{f"{c}_{k}": getattr(rows[t.name][c], k) for c in ("none", "flow") for k in ("harmed", "confirmed", "stopped")},
+        }
         for t in traces
     ]
     report["latency"] = latency(checks, args.repeat)

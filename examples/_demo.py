@@ -19,7 +19,9 @@ _COLOURS = {"allow": "green", "confirm": "yellow", "escalate": "magenta", "deny"
 def print_verdict(verdict: Verdict) -> None:
     """One line per decision, then the probabilities that decided it."""
     if verdict.phase == "after_tool" and not verdict.decisions:
-        return  # no policy screens this tool's result
+        if verdict.labels:  # no policy screens this result, but label rules marked it
+            console.print(f"  result of [bold]{verdict.tool_call['name']}[/bold] labeled {', '.join(verdict.labels)}", highlight=False)
+        return
     colour = _COLOURS[verdict.action]
     call = verdict.tool_call
     who = f"{verdict.policy}/{verdict.rule or 'default'}" if verdict.policy else "no enforced policy" if verdict.decisions else "no policy"
@@ -30,7 +32,8 @@ def print_verdict(verdict: Verdict) -> None:
         ("  result of " if verdict.phase == "after_tool" else "")
         + f"[bold]{call['name']}[/bold]({', '.join(f'{k}={v!r}' for k, v in call['args'].items())})\n"
         f"  verdict [{colour}]{verdict.action}[/{colour}] by {who} in {verdict.latency_ms:.0f} ms"
-        + (f": {verdict.message}" if verdict.message else ""),
+        + (f": {verdict.message}" if verdict.message else "")
+        + (f" (its arguments carry: {', '.join(call['labels'])})" if call.get("labels") else ""),
         highlight=False,
     )
     for decision in verdict.decisions:

@@ -14,7 +14,8 @@ whose text reappears in this call's arguments).
 
 *Marks* make that last one cheap and keep contents out of the state's copy of the trail:
 a mark is the length and a hash of a normalised span (case folded, whitespace dropped):
-the spans a label rule's pattern matched, or else aligned windows of the whole result.
+the spans a label rule's pattern matched, or else the whole result, each cut into
+aligned windows of :data:`WINDOW` characters when longer.
 A call carries a result's labels when a window of its argument text hashes to one of the
 result's marks and that text does not also appear in a user turn (what the user typed is
 the user's, wherever else it appears). A model that re-encodes a secret (base64, spelling
@@ -41,7 +42,9 @@ when at least ``2 * WINDOW - 1`` normalised characters of it reach an argument."
 MIN_SPAN = 6
 """The shortest pattern match (normalised) that is marked; shorter ones are too common."""
 MAX_MARKS = 512
-"""Marks kept per result (the first ``MAX_MARKS * WINDOW`` normalised characters)."""
+"""Marks kept per result (about its first ``MAX_MARKS * WINDOW`` normalised characters)."""
+MAX_ARGUMENT_CHARS = 65_536
+"""How much of each argument (normalised) is compared with the marks."""
 
 
 def merge_trail(left: Sequence[Mapping[str, Any]] | None, right: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -91,31 +94,42 @@ def normalise(text: str) -> str:
 
 
 def marks_of(text: str, spans: Sequence[str] | None = None) -> list[str]:
-    """Marks for a labeled result: each of ``spans`` (pattern matches), else aligned windows of ``text``."""
-    if spans is not None:
-        found = (normalise(s) for s in spans)
-        return list(dict.fromkeys(_mark(s) for s in found if len(s) >= MIN_SPAN))[:MAX_MARKS]
-    flat = normalise(text)
-    if len(flat) < WINDOW:
-        return [_mark(flat)] if len(flat) >= MIN_SPAN else []
-    return [_mark(flat[i : i + WINDOW]) for i in range(0, len(flat) - WINDOW + 1, WINDOW)][:MAX_MARKS]
+    """Marks for a labeled result: its ``spans`` (pattern matches), else the whole ``text``.
+
+    A span of up to :data:`WINDOW` normalised characters is one mark; a longer one is
+    marked by its aligned windows, so every mark has one of a few lengths and finding
+    them in an argument stays cheap, however many spans a result holds.
+    """
+    marks: list[str] = []
+    for span in (normalise(s) for s in (spans if spans is not None else [text])):
+        if len(span) <= WINDOW:
+            marks += [_mark(span)] if len(span) >= MIN_SPAN else []
+        else:
+            marks += [_mark(span[i : i + WINDOW]) for i in range(0, len(span) - WINDOW + 1, WINDOW)]
+    return list(dict.fromkeys(marks))[:MAX_MARKS]
 
 
 def carried_labels(args: Any, trail: Sequence[Mapping[str, Any]], *, trusted: str = "") -> list[str]:
     """The labels of every trail result whose marked text appears in ``args``.
 
     Text that also appears in ``trusted`` (normalised; the user's turns) does not count.
+    Each argument is read up to :data:`MAX_ARGUMENT_CHARS` normalised characters.
     """
-    marked = [e for e in trail if e.get("labels") and e.get("marks")]
-    if not marked:
+    labels_of: dict[str, set[str]] = {}
+    for entry in trail:
+        for mark in entry.get("marks") or () if entry.get("labels") else ():
+            labels_of.setdefault(mark, set()).update(entry["labels"])
+    if not labels_of:
         return []
-    values = [normalise(s) for s in _strings(args)]
+    lengths = sorted({int(mark.split(":", 1)[0]) for mark in labels_of})
     carried: set[str] = set()
-    for entry in marked:
-        marks = set(entry["marks"])
-        lengths = {int(m.split(":", 1)[0]) for m in marks}
-        if any(_found(value, length, marks, trusted) for value in values for length in lengths):
-            carried.update(entry["labels"])
+    for value in (normalise(s)[:MAX_ARGUMENT_CHARS] for s in _strings(args)):
+        for length in lengths:
+            for i in range(len(value) - length + 1):
+                window = value[i : i + length]
+                found = labels_of.get(_mark(window))
+                if found and not found <= carried and window not in trusted:
+                    carried |= found
     return sorted(carried)
 
 
@@ -152,14 +166,6 @@ def label_sources(state: Any) -> list[dict[str, Any]]:
 def user_text(state: Any) -> str:
     """Everything the user typed in the state's messages, normalised (what :func:`carried_labels` trusts)."""
     return "\n".join(normalise(content_text(_content(m))) for m in state_messages(state) if message_kind(m) == "human")
-
-
-def _found(value: str, length: int, marks: set[str], trusted: str) -> bool:
-    for i in range(len(value) - length + 1):
-        window = value[i : i + length]
-        if _mark(window) in marks and window not in trusted:
-            return True
-    return False
 
 
 def _mark(flat: str) -> str:
