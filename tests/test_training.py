@@ -162,6 +162,18 @@ def test_a_warm_start_keeps_what_the_new_rows_never_ask(engine: LocalDecisionMod
     assert history[-1] < history[0] and _accuracy(head, test) >= _accuracy(shipped, test)
 
 
+def test_an_anchored_warm_start_stays_nearer_the_head_it_started_from(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:
+    train, _ = toy
+    shipped = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
+    noul = READINGS.index("noul")
+
+    def moved(anchor: float) -> float:
+        head, _ = train_head(train, engine.backbone.hidden_size, TrainConfig(epochs=20, batch_size=6, anchor=anchor), init=shipped)
+        return float((head.proj.weight[noul] - shipped.proj.weight[noul]).norm())
+
+    assert moved(10.0) < 0.5 * moved(0.0)
+
+
 def test_feature_cache_is_reused(engine: LocalDecisionModel, tmp_path: Path) -> None:
     examples = _toy(ANIMALS[:2], "yes", 0)
     first = extract_features(engine, examples, cache=tmp_path)

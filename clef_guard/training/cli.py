@@ -72,6 +72,11 @@ def add_commands(commands: Any) -> None:
         "--init-head", default=None, metavar="FILE",
         help="warm-start from this head ('default': the shipped one); readings the rows never ask keep its weights",
     )
+    train.add_argument(
+        "--anchor", type=float, default=None,
+        help="with --init-head: weight of an L2 pull towards its weights (the other way to keep old tasks is to "
+        "add a --task sample of them, a replay)",
+    )
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
     train.add_argument("--label-smoothing", type=float, default=None)
@@ -187,7 +192,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     features = _features(args, engine, examples, console, "reading examples with the backbone")
     feature_s = time.perf_counter() - started
     overrides = {
-        "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight
+        "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight,
+        "anchor": args.anchor,
     }
     config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
     with _progress(console, args.json) as progress:

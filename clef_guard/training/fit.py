@@ -41,6 +41,8 @@ class TrainConfig:
     brier_weight: float = 1.0
     batch_size: int = 32
     seed: int = 0
+    anchor: float = 0.0
+    """Warm starts only: weight of an L2 pull towards the initial head's weights (keeps old tasks)."""
 
 
 def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:
@@ -118,6 +120,7 @@ def train_head(
         lr=config.lr,
         weight_decay=config.weight_decay,
     )
+    anchored = [p.detach().clone() for p in head.parameters()] if init is not None and config.anchor > 0 else []
     order = list(range(len(features)))
     history = []
     for epoch in range(config.epochs):
@@ -127,6 +130,8 @@ def train_head(
             batch = [features[i] for i in order[start : start + config.batch_size]]
             optimizer.zero_grad()
             loss = batch_loss(head, batch, label_smoothing=config.label_smoothing, brier_weight=config.brier_weight)
+            if anchored:
+                loss = loss + config.anchor * sum(((p - p0) ** 2).sum() for p, p0 in zip(head.parameters(), anchored, strict=True))
             loss.backward()
             optimizer.step()
             total += loss.item() * len(batch)
