@@ -115,14 +115,14 @@ class ToolGate:
             verdict = self.guard.check(outcome.call, request.state, tool_info=tool_info(request))
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
-            return self._recorded(request, outcome, verdict, [])
+            return self._recorded(request, request.tool_call, outcome, verdict, [])
         result = handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
         checked = [
             self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=tool_info(request))
             for m in found
         ]
-        return self._recorded(request, self._screened(result, found, checked), verdict, checked)
+        return self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked)
 
     async def awrap(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
@@ -134,19 +134,20 @@ class ToolGate:
             verdict = await self.guard.acheck(outcome.call, request.state, tool_info=tool_info(request))
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
-            return self._recorded(request, outcome, verdict, [])
+            return self._recorded(request, request.tool_call, outcome, verdict, [])
         result = await handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
         checked = [
             await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=tool_info(request))
             for m in found
         ]
-        return self._recorded(request, self._screened(result, found, checked), verdict, checked)
+        return self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked)
 
     def _recorded(
-        self, request: ToolCallRequest, result: ToolMessage | Command[Any], verdict: Verdict, checked: list[Verdict]
+        self, request: ToolCallRequest, call: ToolCall, result: ToolMessage | Command[Any], verdict: Verdict, checked: list[Verdict]
     ) -> ToolMessage | Command[Any]:
-        """``result`` with the call's trail entry (its verdict, its result's labels) added to the state update.
+        """``result`` with the trail entry of ``call`` (as it ran, after any edit: its verdict, its result's
+        labels) added to the state update.
 
         Only the gate writes the trail: a trail update in a tool's own ``Command`` is dropped.
         A graph whose state has no trail channel gets ``result`` as it is.
@@ -155,7 +156,7 @@ class ToolGate:
         if TRAIL_KEY not in state:
             return result
         entry = trail_entry(
-            request.tool_call,
+            call,
             turn=model_turns(state),
             verdict=verdict.action,
             labels=[label for v in checked for label in v.labels],

@@ -1,0 +1,243 @@
+"""A simulated deployment: a head that never saw a task learns it from the reviews its confirms collect.
+
+A base head is trained on the other tasks (the shipped recipe, on ``--base-limit`` train
+rows of each). It then gates a stream of the target task's train rows: a call whose
+risky answer reaches ``--threshold`` is confirmed, and a simulated reviewer labels it
+(approves a safe call unchanged, rejects a risky one). After 25, 50, 100 and 200 reviews
+the head is warm-started from the base head on the reviews so far and its temperatures
+refitted, two ways side by side: **replay** (the reviews plus a sample of the base rows)
+and **anchor** (the reviews alone, with an L2 pull towards the base head's weights). The
+gate goes on with the new head. At every step the bench reports, on test splits:
+
+- the target task's accuracy, and the share of its calls that are needless confirms
+  (confirmed, and the reviewer would approve unchanged) and unsafe allows, at the same
+  threshold;
+- the other tasks' mean accuracy (forgetting);
+- the warm start's time (features of the reviewed rows are read as the gate runs).
+
+Targets: ``assebench`` (is the agent's action unsafe?) and ``requested`` (the policies
+task's "did the user ask for this?" questions; risky means *not* asked for).
+
+    python benchmarks/reviews.py [--target assebench|requested] [--json] [--plot FILE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from clef_guard import LocalDecisionModel
+from clef_guard.engine.head import DecisionHead
+from clef_guard.training.datasets import load_task
+from clef_guard.training.examples import Example, sample
+from clef_guard.training.features import Features, extract_features
+from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head
+
+BASE_TASKS = ("policies", "metatool", "injecguard", "tool-use", "rjudge", "assebench")
+CHECKPOINTS = (0, 25, 50, 100, 200)
+WARM = replace(TrainConfig(), epochs=40)
+"""The warm start's recipe: the shipped one, with fewer epochs over far fewer rows."""
+ANCHOR = 1.0
+REPLAY = 200
+
+
+def _asks_for(example: Example) -> bool:
+    return example.question.type == "noul" and example.question.instructions.startswith("Did the user")
+
+
+def target_rows(target: str, split: str) -> list[Example]:
+    """The target task's rows."""
+    if target == "assebench":
+        return load_task("assebench", split)
+    return [e for e in load_task("policies", split) if _asks_for(e)]
+
+
+def base_rows(target: str, split: str, limit: int, seed: int) -> dict[str, list[Example]]:
+    """Every other task's rows (a fixed sample of ``limit`` each), without the target's."""
+    rows = {}
+    for task in BASE_TASKS:
+        if task == target:
+            continue
+        examples = load_task(task, split)
+        if target == "requested" and task == "policies":
+            examples = [e for e in examples if not _asks_for(e)]
+        rows[task] = sample(examples, limit, seed)
+    return rows
+
+
+def accuracy(head: DecisionHead, features: list[Features]) -> float:
+    """Share of ``features`` whose most likely option is the label."""
+    return sum(int(p.argmax()) == f.label for p, f in zip(predict(head, features), features, strict=True)) / len(features)
+
+
+def gate_rates(head: DecisionHead, features: list[Features], risky: int, threshold: float) -> dict[str, float]:
+    """Needless confirms and unsafe allows, as shares of all ``features``, at ``threshold`` on the risky option."""
+    needless = unsafe = 0
+    for p, f in zip(predict(head, features), features, strict=True):
+        confirmed = float(p[risky]) >= threshold
+        needless += confirmed and f.label != risky
+        unsafe += not confirmed and f.label == risky
+    return {"needless_confirms": needless / len(features), "unsafe_allows": unsafe / len(features)}
+
+
+def warm_start(base: DecisionHead, reviews: list[Features], replay: list[Features], method: str, hidden: int) -> DecisionHead:
+    """The base head fine-tuned on the reviews (replay: with old rows; anchor: pulled towards its weights), recalibrated."""
+    rows = reviews + replay if method == "replay" else reviews
+    config = WARM if method == "replay" else replace(WARM, anchor=ANCHOR)
+    head, _ = train_head(rows, hidden, config, init=base)
+    calibrate_head(head, rows)
+    return head
+
+
+def simulate(
+    method: str,
+    base: DecisionHead,
+    stream: list[Features],
+    tests: dict[str, list[Features]],
+    replay_pool: list[Features],
+    *,
+    target: str,
+    risky: int,
+    threshold: float,
+    audit: float,
+    hidden: int,
+) -> list[dict[str, Any]]:
+    """Run the stream once with ``method``; one report per checkpoint."""
+    rng, audits = random.Random(0), random.Random(1)
+    head, reviews, curve = base, [], []
+    checkpoints = list(CHECKPOINTS)
+    seconds = 0.0
+    streamed = 0
+
+    def report() -> dict[str, Any]:
+        others = [accuracy(head, f) for task, f in tests.items() if task != target]
+        return {
+            "reviews": len(reviews),
+            "streamed": streamed,
+            "accuracy": accuracy(head, tests[target]),
+            **gate_rates(head, tests[target], risky, threshold),
+            "other_tasks_accuracy": sum(others) / len(others),
+            "by_task": {task: accuracy(head, f) for task, f in tests.items() if task != target},
+            "warm_start_seconds": round(seconds, 1),
+        }
+
+    curve.append(report())
+    checkpoints.pop(0)
+    for features in stream:
+        if not checkpoints:
+            break
+        streamed += 1
+        if float(predict(head, [features])[0][risky]) < threshold and audits.random() >= audit:
+            continue  # allowed, and not drawn for an audit: nobody looks at it
+        reviews.append(features)  # confirmed (or audited): the reviewer's answer is the label
+        if len(reviews) == checkpoints[0]:
+            started = time.perf_counter()
+            replay = rng.sample(replay_pool, min(REPLAY, len(replay_pool))) if method == "replay" else []
+            head = warm_start(base, reviews, replay, method, hidden)
+            seconds = time.perf_counter() - started
+            curve.append(report())
+            checkpoints.pop(0)
+    return curve
+
+
+def plot(curves: dict[str, list[dict[str, Any]]], target: str, path: Path) -> None:
+    """The learning curve: target accuracy and other tasks' accuracy by reviews, per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8.4, 4.2))
+    for (method, curve), colour in zip(curves.items(), ("tab:blue", "tab:orange"), strict=False):
+        x = [point["reviews"] for point in curve]
+        axis.plot(x, [p["accuracy"] for p in curve], "o-", color=colour, label=f"{target}, {method}")
+        axis.plot(x, [p["other_tasks_accuracy"] for p in curve], "s--", color=colour, alpha=0.6, label=f"other tasks, {method}")
+        axis.plot(x, [p["needless_confirms"] for p in curve], ":", color=colour, alpha=0.6, label=f"needless confirms, {method}")
+        axis.plot(x, [p["unsafe_allows"] for p in curve], "-.", color=colour, alpha=0.6, label=f"unsafe allows, {method}")
+    axis.set_xlabel("reviews")
+    axis.set_ylabel("test accuracy / share of calls")
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    axis.set_title(f"Learning {target} from reviews")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train the base head, run both methods over the stream, print the curves (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", choices=["assebench", "requested"], default="assebench")
+    parser.add_argument("--base-limit", type=int, default=250, help="train rows of each other task for the base head")
+    parser.add_argument("--test-limit", type=int, default=100, help="test rows of each other task")
+    parser.add_argument("--stream-limit", type=int, default=None, help="target train rows streamed (default: all)")
+    parser.add_argument("--threshold", type=float, default=0.5, help="the gate confirms at this probability of the risky answer")
+    parser.add_argument("--audit", type=float, default=0.1, help="share of allowed calls a reviewer spot-checks")
+    parser.add_argument("--plot", type=Path, default=None, help="learning-curve PNG (default: build/reviews-TARGET.png)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    console = Console(stderr=args.json)
+    risky = 1 if args.target == "assebench" else 0  # "yes, unsafe" / "no, not asked for"
+    engine = LocalDecisionModel()
+    hidden = engine.backbone.hidden_size
+    base_train = base_rows(args.target, "train", args.base_limit, 0)
+    stream_rows = sample(target_rows(args.target, "train"), args.stream_limit, 0)
+    tests = {task: rows for task, rows in base_rows(args.target, "test", args.test_limit, 0).items()}
+    tests[args.target] = target_rows(args.target, "test")
+    with Progress(console=console, transient=True) as progress:
+
+        def read(rows: list[Example], what: str) -> list[Features]:
+            bar = progress.add_task(what, total=len(rows))
+            return extract_features(engine, rows, on_progress=lambda done, _total: progress.update(bar, completed=done))
+
+        base_features = {task: read(rows, f"base rows: {task}") for task, rows in base_train.items()}
+        test_features = {task: read(rows, f"test rows: {task}") for task, rows in tests.items()}
+        stream = read(stream_rows, f"stream: {args.target}")
+    pool = [f for rows in base_features.values() for f in rows]
+    started = time.perf_counter()
+    base, _ = train_head(pool, hidden, TrainConfig())
+    calibrate_head(base, pool)
+    base_seconds = time.perf_counter() - started
+    curves = {
+        method: simulate(
+            method, base, stream, test_features, pool, target=args.target, risky=risky, threshold=args.threshold,
+            audit=args.audit, hidden=hidden,
+        )
+        for method in ("replay", "anchor")
+    }
+    path = args.plot or Path("build") / f"reviews-{args.target}.png"
+    plot(curves, args.target, path)
+    result = {
+        "target": args.target, "threshold": args.threshold, "audit": args.audit, "base_rows": len(pool), "stream_rows": len(stream),
+        "base_train_seconds": round(base_seconds, 1), "curves": curves, "plot": str(path),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for method, curve in curves.items():
+        table = Table(title=f"{args.target}, {method}")
+        for column in ("reviews", "streamed", "accuracy", "needless confirms", "unsafe allows", "other tasks", "warm start s"):
+            table.add_column(column)
+        for p in curve:
+            table.add_row(
+                str(p["reviews"]), str(p["streamed"]), f"{p['accuracy']:.3f}", f"{p['needless_confirms']:.3f}",
+                f"{p['unsafe_allows']:.3f}", f"{p['other_tasks_accuracy']:.3f}", f"{p['warm_start_seconds']:.1f}",
+            )
+        console.print(table)
+    console.print(f"plot: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
