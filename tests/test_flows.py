@@ -289,3 +289,16 @@ def test_explain_shows_the_labels_and_history_a_rule_read(tmp_path: Path, capsys
     assert report["flow"]["sources"] == [{"labels": ["secret"], "tool": "read_file", "id": "c1", "turns_ago": 1}]
     assert [h["name"] for h in report["flow"]["history"]] == ["read_file"]
     assert SECRET not in json.dumps(report["flow"])
+
+
+def test_the_flow_suite_stops_every_attack_only_with_the_flow_policies() -> None:
+    done = subprocess.run(
+        [sys.executable, str(HERE.parent / "benchmarks" / "flows.py"), "--json", "--repeat", "1"],
+        capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["attacks"] >= 20 and report["benign"] >= 20
+    assert report["configs"]["none"]["attacks_succeeded"] == report["attacks"]  # each attack really does harm unguarded
+    assert report["configs"]["flow"]["attacks_succeeded"] == 0
+    assert report["configs"]["flow"]["benign_confirmed"] <= 1 and report["configs"]["flow"]["benign_blocked"] == 0
