@@ -74,7 +74,11 @@ def test_a_thread_without_labels_is_not_checked_and_a_user_typed_value_is_the_us
     verdict = guard.check(mail, state)
     assert (verdict.action, verdict.rule, verdict.tool_call["labels"]) == ("confirm", "acts-on-untrusted-text", ["untrusted"])
     reply = {"name": "send_email", "args": {"to": "me@home.org", "body": "Read the vendor page, all fine."}, "id": "c4"}
-    assert guard.check(reply, state).action == "allow"  # an outbound message that copies nothing from it
+    verdict = guard.check(reply, state)  # copies nothing, but goes where the user never said
+    assert (verdict.action, verdict.rule, verdict.tool_call["from_user"]) == ("confirm", "message-after-untrusted", [])
+    named = _after_read(guard, page, name="fetch_page", user="Read the vendor page and tell me@home.org what it says.")
+    verdict = guard.check(reply, named)
+    assert (verdict.action, verdict.tool_call["from_user"]) == ("allow", ["to"])  # a destination the user named
 
 
 def test_history_and_labels_in_rules_and_applies_to() -> None:

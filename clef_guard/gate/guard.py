@@ -39,6 +39,7 @@ from clef_guard.gate.trail import (
     carried_labels,
     flow_variables,
     model_turns,
+    user_given,
     user_text,
 )
 from clef_guard.gate.verdict import PolicyDecision, Verdict
@@ -459,7 +460,9 @@ def situation(tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -
     call = {**normalise_call(tool_call, options.get("tool_result")), **declared(options.get("tool_info") or {})}
     trail = state.get(TRAIL_KEY) if isinstance(state, Mapping) else None
     trail = [e for e in trail if isinstance(e, Mapping)] if isinstance(trail, Sequence) else []
-    call["labels"] = carried_labels(call["args"], trail, trusted=user_text(state)) if trail else []
+    typed = user_text(state)
+    call["labels"] = carried_labels(call["args"], trail, trusted=typed) if trail else []
+    call["from_user"] = user_given(call["args"], typed)
     return call, flow_variables(trail, turn=model_turns(state), exclude=call["id"])
 
 

@@ -163,6 +163,16 @@ def label_sources(state: Any) -> list[dict[str, Any]]:
     ]
 
 
+def user_given(args: Mapping[str, Any], typed: str) -> list[str]:
+    """The arguments whose every value (normalised, 3 characters or more) the user typed in ``typed``."""
+    given = []
+    for name, value in args.items():
+        values = [normalise(str(v)) for v in (value if isinstance(value, list) else [value]) if isinstance(v, (str, int, float))]
+        if values and all(len(v) >= 3 and v in typed for v in values):
+            given.append(name)
+    return sorted(given)
+
+
 def user_text(state: Any) -> str:
     """Everything the user typed in the state's messages, normalised (what :func:`carried_labels` trusts)."""
     return "\n".join(normalise(content_text(_content(m))) for m in state_messages(state) if message_kind(m) == "human")

@@ -15,6 +15,7 @@ Variables a CEL expression can use:
 - ``tool``: ``{name, args, args_json, id}`` of the proposed call, ``args_json`` being the
   arguments as one JSON string (sorted keys) for pattern checks; ``result`` too after it ran;
   ``labels`` (what :mod:`clef_guard.gate.trail` found of labeled results in the arguments),
+  ``from_user`` (the arguments whose values the user typed in a turn),
   and what the tool declares of itself: ``annotations`` (MCP hints ``readOnlyHint``,
   ``destructiveHint``, ``idempotentHint``, ``openWorldHint``; ``null`` when undeclared),
   ``metadata`` and ``tags``;
@@ -316,7 +317,7 @@ def _dry_run(program: Any, expression: str, path: list[Any], where: Locator, spe
         "answers": probe_answers(spec.questions),
         "thresholds": dict(spec.thresholds),
         "tool": {
-            "name": "", "args": {}, "args_json": "{}", "id": "", "result": "", "labels": [],
+            "name": "", "args": {}, "args_json": "{}", "id": "", "result": "", "labels": [], "from_user": [],
             "annotations": dict.fromkeys(HINTS), "metadata": {}, "tags": [],
         },
         "context": {},
