@@ -109,17 +109,18 @@ class ToolGate:
 
     def wrap(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]) -> ToolMessage | Command[Any]:
         """The ``wrap_tool_call`` hook: gate, maybe ask a human, run, screen and label the result."""
+        info = tool_info(request)
         verdict = self._sibling_verdict(request)
-        outcome = self.review(request.tool_call, verdict, **_reviewing(request))
+        outcome = self.review(request.tool_call, verdict, **_reviewing(request, info))
         if isinstance(outcome, _Edited):
-            verdict = self.guard.check(outcome.call, request.state, tool_info=tool_info(request))
+            verdict = self.guard.check(outcome.call, request.state, tool_info=info)
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
             return self._recorded(request, request.tool_call, outcome, verdict, [])
         result = handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
         checked = [
-            self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=tool_info(request))
+            self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
         return self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked)
@@ -128,17 +129,18 @@ class ToolGate:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
     ) -> ToolMessage | Command[Any]:
         """The ``awrap_tool_call`` hook: async twin of :meth:`wrap`."""
+        info = tool_info(request)
         verdict = await self._asibling_verdict(request)
-        outcome = self.review(request.tool_call, verdict, **_reviewing(request))
+        outcome = self.review(request.tool_call, verdict, **_reviewing(request, info))
         if isinstance(outcome, _Edited):
-            verdict = await self.guard.acheck(outcome.call, request.state, tool_info=tool_info(request))
+            verdict = await self.guard.acheck(outcome.call, request.state, tool_info=info)
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
             return self._recorded(request, request.tool_call, outcome, verdict, [])
         result = await handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
         checked = [
-            await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=tool_info(request))
+            await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
         return self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked)
@@ -403,6 +405,6 @@ def describe_tool(tool: Any) -> ToolInfo:
     return info
 
 
-def _reviewing(request: ToolCallRequest) -> dict[str, Any]:
+def _reviewing(request: ToolCallRequest, info: ToolInfo) -> dict[str, Any]:
     """What the review log keeps of a request besides the verdict."""
-    return {"state": request.state, "thread": thread_of(request.runtime.config), "description": tool_info(request).get("description")}
+    return {"state": request.state, "thread": thread_of(request.runtime.config), "description": info.get("description")}

@@ -35,10 +35,10 @@ from clef_guard.gate.rules import (
     label_result,
 )
 from clef_guard.gate.trail import (
-    TRAIL_KEY,
     carried_labels,
     flow_variables,
     model_turns,
+    read_trail,
     user_given,
     user_text,
 )
@@ -395,7 +395,8 @@ class Guard:
 
     def _labeling(self, run: _Check, decisions: list[PolicyDecision]) -> Labeling:
         """The labels every policy's label rules attach to an ``after_tool`` check's result."""
-        asked = {d.policy: d for d in decisions if any(p.name == d.policy for p in run.policies)}
+        engine_asked = {p.name for p in run.policies}
+        asked = {d.policy: d for d in decisions if d.policy in engine_asked}
         labels: set[str] = set()
         marks: list[str] = []
         errors: list[str] = []
@@ -458,8 +459,7 @@ class Guard:
 def situation(tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """The call as rules read it (with what its tool declares and the labels its arguments carry), and the thread's flow."""
     call = {**normalise_call(tool_call, options.get("tool_result")), **declared(options.get("tool_info") or {})}
-    trail = state.get(TRAIL_KEY) if isinstance(state, Mapping) else None
-    trail = [e for e in trail if isinstance(e, Mapping)] if isinstance(trail, Sequence) else []
+    trail = read_trail(state)
     typed = user_text(state)
     call["labels"] = carried_labels(call["args"], trail, trusted=typed) if trail else []
     call["from_user"] = user_given(call["args"], typed)

@@ -54,9 +54,7 @@ def merge_trail(left: Sequence[Mapping[str, Any]] | None, right: Sequence[Mappin
     is ever removed, so no tool's state update can wipe a label.
     """
     merged: dict[str, dict[str, Any]] = {}
-    for entry in [*(left or ()), *(right or ())]:
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
-            continue
+    for entry in filter(_is_entry, [*(left or ()), *(right or ())]):
         known = merged.get(entry["id"])
         if known is None:
             merged[entry["id"]] = {**entry, "labels": sorted(set(entry.get("labels") or ())), "marks": list(entry.get("marks") or ())}
@@ -66,6 +64,14 @@ def merge_trail(left: Sequence[Mapping[str, Any]] | None, right: Sequence[Mappin
         if entry.get("verdict") is not None:
             known["verdict"] = entry["verdict"]
     return list(merged.values())
+
+
+def read_trail(state: Any) -> list[Mapping[str, Any]]:
+    """The trail ``state`` holds under :data:`TRAIL_KEY`: the entries :func:`merge_trail` would keep."""
+    trail = state.get(TRAIL_KEY) if isinstance(state, Mapping) else None
+    if not isinstance(trail, Sequence) or isinstance(trail, str):
+        return []
+    return [e for e in trail if _is_entry(e)]
 
 
 def trail_entry(
@@ -142,24 +148,21 @@ def flow_variables(trail: Sequence[Mapping[str, Any]], *, turn: int, exclude: st
             "args": e.get("args") or {},
             "verdict": e.get("verdict") or "",
             "labels": list(e.get("labels") or ()),
-            "turns_ago": max(0, turn - int(e.get("turn") or 0)),
+            "turns_ago": _turns_ago(e, turn),
         }
         for e in trail
-        if e.get("id") != exclude or not exclude
+        if not exclude or e["id"] != exclude
     ]
     return {"history": history, "labels": sorted({label for e in trail for label in e.get("labels") or ()})}
 
 
 def label_sources(state: Any) -> list[dict[str, Any]]:
     """Where the thread's labels came from: each labeled result's tool, call id and age in turns."""
-    trail = state.get(TRAIL_KEY) if isinstance(state, Mapping) else None
-    if not isinstance(trail, Sequence):
-        return []
     turn = model_turns(state)
     return [
-        {"labels": list(e["labels"]), "tool": e.get("name", ""), "id": e.get("id", ""), "turns_ago": max(0, turn - int(e.get("turn") or 0))}
-        for e in trail
-        if isinstance(e, Mapping) and e.get("labels")
+        {"labels": list(e["labels"]), "tool": e.get("name", ""), "id": e["id"], "turns_ago": _turns_ago(e, turn)}
+        for e in read_trail(state)
+        if e.get("labels")
     ]
 
 
@@ -176,6 +179,14 @@ def user_given(args: Mapping[str, Any], typed: str) -> list[str]:
 def user_text(state: Any) -> str:
     """Everything the user typed in the state's messages, normalised (what :func:`carried_labels` trusts)."""
     return "\n".join(normalise(content_text(_content(m))) for m in state_messages(state) if message_kind(m) == "human")
+
+
+def _is_entry(entry: Any) -> bool:
+    return isinstance(entry, Mapping) and isinstance(entry.get("id"), str)
+
+
+def _turns_ago(entry: Mapping[str, Any], turn: int) -> int:
+    return max(0, turn - int(entry.get("turn") or 0))
 
 
 def _mark(flat: str) -> str:
