@@ -16,6 +16,15 @@
   wide (the default for more than 16 options: no listing, cached option vectors).
 - gate_p50/p95_ms: latency per gate with 1 and 4 questions on a 512-token state, on
   whatever device the engine picked (run it on a GPU for the GPU figures).
+- agent_loop: an agent's 12 turns through a ``Guard`` with the shipped destructive-actions
+  and outbound-communication policies, on a realistic state (a system prompt with the tools'
+  docstrings, a request, every call and its result). Per gate after the first turn: p50/p95
+  latency and tokens read (``input_tokens - cached_tokens``), with the prefix cache off, on,
+  and on with ``Guard.read_ahead`` (what the integrations call when tool results arrive,
+  run here to completion before the next step, as it would while the agent's model writes).
+- bfloat16: the same backbone in bf16 beside float32, a gate on a 512-token state, and how
+  far its answers move: from float32's, and between a cached and an uncached read of one
+  state (a reduced-precision backbone's answers depend on how its tokens were grouped).
 """
 
 from __future__ import annotations
@@ -36,11 +45,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 from langchain_core.decisions import Choice, Noul, Score
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from rich.console import Console
 from rich.table import Table
 
-from clef_guard import LocalDecisionModel
+from clef_guard import Guard, LocalDecisionModel, load_policies
 from clef_guard.engine.state import state_segments
 from clef_guard.training.datasets import load_task
 
@@ -76,6 +85,135 @@ def conversation(turns: int, words_per_turn: int = 40) -> list[Any]:
         result = " ".join(rng.choice(vocab) for _ in range(words_per_turn))
         messages += [AIMessage("", tool_calls=[call]), ToolMessage(result, tool_call_id=f"call_{i}", name="list_files")]
     return messages
+
+
+AGENT_SYSTEM = """You are Ops Assistant for Northwind Labs. You help the infrastructure team keep shared storage,
+databases and team channels tidy, and you write the weekly operations report. Work step by step and call
+one tool at a time. Never delete anything the user did not ask you to remove; ask when unsure.
+
+Tools:
+- list_files(prefix: str) -> str: List the objects under a storage prefix with their sizes and ages.
+- read_file(path: str) -> str: Return the text of one file from shared storage.
+- delete_file(path: str) -> str: Permanently delete one file from shared storage. Cannot be undone.
+- move_file(source: str, target: str) -> str: Move a file to another prefix, replacing any file there.
+- write_file(path: str, content: str) -> str: Create or overwrite a text file in shared storage.
+- run_sql(query: str) -> str: Run one SQL statement on the operations database and return the rows.
+- send_email(to: str, subject: str, body: str) -> str: Send an email from ops@northwind-labs.com.
+- post_message(channel: str, text: str) -> str: Post a message to a team chat channel."""
+AGENT_REQUEST = (
+    "Please clean out last month's build logs under staging/logs/, archive the two incident notes, drop the "
+    "expired sessions from the ops database, and then send the weekly report to the infra team and post a "
+    "summary in #infra."
+)
+AGENT_TURNS: list[tuple[str, dict[str, Any], str]] = [
+    ("delete_file", {"path": "staging/logs/build-2291.log"}, "Deleted staging/logs/build-2291.log (14.2 MB)."),
+    ("delete_file", {"path": "staging/logs/build-2292.log"}, "Deleted staging/logs/build-2292.log (13.8 MB)."),
+    ("move_file", {"source": "notes/incident-0412.md", "target": "archive/2026/incident-0412.md"},
+     "Moved notes/incident-0412.md to archive/2026/incident-0412.md."),
+    ("move_file", {"source": "notes/incident-0419.md", "target": "archive/2026/incident-0419.md"},
+     "Moved notes/incident-0419.md to archive/2026/incident-0419.md."),
+    ("run_sql", {"query": "DELETE FROM sessions WHERE expires_at < now() - interval '30 days'"},
+     "DELETE 18422"),
+    ("delete_file", {"path": "staging/logs/build-2293.log"}, "Deleted staging/logs/build-2293.log (15.1 MB)."),
+    ("write_file", {"path": "reports/weekly-48.md", "content": "# Week 48\n- 3 build logs removed (43 MB)\n"
+                    "- 2 incident notes archived\n- 18,422 expired sessions dropped\n- No open incidents"},
+     "Wrote reports/weekly-48.md (142 bytes)."),
+    ("send_email", {"to": "infra@northwind-labs.com", "subject": "Weekly ops report, week 48",
+                    "body": "Hi all, this week's report is in reports/weekly-48.md: logs cleaned, incidents archived, "
+                    "sessions table trimmed. No open incidents."},
+     "Sent to infra@northwind-labs.com (message id 7f3a-22c1)."),
+    ("post_message", {"channel": "#infra", "text": "Weekly cleanup done: 43 MB of build logs removed, 2 incident "
+                      "notes archived, 18k expired sessions dropped. Report: reports/weekly-48.md"},
+     "Posted to #infra (ts 1764662400.0032)."),
+    ("delete_file", {"path": "staging/tmp/report-draft.md"}, "Deleted staging/tmp/report-draft.md (2 KB)."),
+    ("send_email", {"to": "dana.kim@northwind-labs.com", "subject": "Sessions cleanup",
+                    "body": "Dana, the sessions table is down by 18,422 rows; the nightly job can go back to its "
+                    "usual schedule."},
+     "Sent to dana.kim@northwind-labs.com (message id 7f3a-22c9)."),
+    ("post_message", {"channel": "#infra", "text": "Dana has been told about the sessions cleanup. That's all for "
+                      "this week."},
+     "Posted to #infra (ts 1764662460.0041)."),
+]
+AGENT_TOOLS = {
+    line.split("(", 1)[0].removeprefix("- "): line.split(": ", 1)[1]
+    for line in AGENT_SYSTEM.splitlines() if line.startswith("- ")
+}
+
+
+def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool) -> list[tuple[float, int]]:
+    """One pass of the agent's turns: per gate, its seconds and the tokens the engine computed."""
+    guard = Guard(load_policies("destructive-actions", "outbound-communication"), engine=engine)
+    messages: list[Any] = [SystemMessage(AGENT_SYSTEM), HumanMessage(AGENT_REQUEST)]
+    gates = []
+    for i, (name, args, result) in enumerate(AGENT_TURNS):
+        call = {"name": name, "args": args, "id": f"call_{i}"}
+        messages.append(AIMessage("", tool_calls=[call]))
+        start = time.perf_counter()
+        verdict = guard.check(call, {"messages": messages}, tool_description=AGENT_TOOLS[name])
+        gates.append((time.perf_counter() - start, verdict.input_tokens - verdict.cached_tokens))
+        messages.append(ToolMessage(result, tool_call_id=call["id"], name=name))
+        reading = guard.read_ahead({"messages": messages}) if read_ahead else None
+        if reading is not None:
+            reading.result()
+    return gates
+
+
+def agent_loop_figures(repeats: int) -> dict[str, Any]:
+    """Per-gate latency and tokens computed after the first turn, cache off, on, and on with read-ahead."""
+    results: dict[str, Any] = {}
+    for mode, cache, ahead in (("no_cache", 0, False), ("cache", 8, False), ("read_ahead", 8, True)):
+        engine = LocalDecisionModel(prefix_cache_size=cache)
+        later: list[tuple[float, int]] = []
+        first: list[float] = []
+        agent_loop(engine, read_ahead=ahead)  # warm-up
+        for _ in range(repeats):
+            engine.clear_prefix_cache()
+            gates = agent_loop(engine, read_ahead=ahead)
+            first.append(gates[0][0])
+            later += gates[1:]
+        times = sorted(seconds for seconds, _ in later)
+        results[f"agent_{mode}_first_ms"] = 1000 * statistics.median(first)
+        results[f"agent_{mode}_p50_ms"] = 1000 * statistics.median(times)
+        results[f"agent_{mode}_p95_ms"] = 1000 * times[min(len(times) - 1, int(0.95 * len(times)))]
+        results[f"agent_{mode}_tokens_per_gate"] = statistics.mean(tokens for _, tokens in later)
+    results["agent_read_ahead_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_read_ahead_p50_ms"]
+    return results
+
+
+def numerics_figures(repeats: int) -> dict[str, Any]:
+    """bf16 beside float32: a gate's latency, and how far answers move from float32's and with the cache."""
+    four = dict(list(QUESTIONS.items())[:4])
+    results: dict[str, Any] = {}
+    reference = LocalDecisionModel(prefix_cache_size=0)
+    states = [conversation(turn) for turn in range(2, 8)]
+    expected = [_probabilities(reference.invoke({"state": state, "questions": four})) for state in states]
+    state512 = state_of_tokens(reference, 512)
+    one = dict(list(QUESTIONS.items())[:1])
+    results["gate_1q_float32_p50_ms"] = 1000 * statistics.median(timed(ask(reference, state512, one), repeats))
+    del reference
+    cached, uncached = LocalDecisionModel(dtype="bfloat16"), LocalDecisionModel(dtype="bfloat16", prefix_cache_size=0)
+    results["gate_1q_bfloat16_p50_ms"] = 1000 * statistics.median(timed(ask(uncached, state512, one), repeats))
+    fresh = [_probabilities(uncached.invoke({"state": state, "questions": four})) for state in states]
+    served = [_probabilities(cached.invoke({"state": state, "questions": four})) for state in states]  # each turn extends the last
+    results["bfloat16_max_delta_vs_float32"] = max(_delta(a, b) for a, b in zip(expected, fresh, strict=True))
+    results["bfloat16_max_delta_cached_vs_uncached"] = max(_delta(a, b) for a, b in zip(fresh, served, strict=True))
+    return results
+
+
+def _probabilities(response: Any) -> dict[str, float]:
+    """Every option's probability of every answer, flat."""
+    flat = {}
+    for qid, answer in response.answers.items():
+        dumped = answer.model_dump()
+        if dumped.get("noul") is not None:
+            flat[qid] = dumped["noul"]
+        for label, value in (dumped.get("probabilities") or {}).items():
+            flat[f"{qid}.{label}"] = value
+    return flat
+
+
+def _delta(a: dict[str, float], b: dict[str, float]) -> float:
+    return max(abs(a[k] - b[k]) for k in a)
 
 
 def state_of_tokens(engine: LocalDecisionModel, target: int) -> list[Any]:
@@ -221,17 +359,26 @@ def run(repeats: int) -> dict[str, Any]:
     return results
 
 
+SUITES: dict[str, Callable[[int], dict[str, Any]]] = {"core": run, "agent": agent_loop_figures, "numerics": numerics_figures}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per measurement (median taken)")
+    parser.add_argument("--only", choices=sorted(SUITES), action="append", help="run these suites only (repeat)")
     args = parser.parse_args(argv)
-    results = run(args.repeats)
+    results: dict[str, Any] = {}
+    for name in args.only or SUITES:
+        results |= SUITES[name](args.repeats if name != "agent" else max(1, args.repeats // 3))
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    goals = {"onepass_vs_generate": ">= 5x", "q8_over_q1": "<= 1.5", "prefix_cache_speedup": ">= 3x"}
-    table = Table(title=f"clef-guard engine on {results['device']} ({results['model']})")
+    goals = {
+        "onepass_vs_generate": ">= 5x", "q8_over_q1": "<= 1.5", "prefix_cache_speedup": ">= 5x",
+        "gate_1q_p50_ms": "<= 450 (CPU)", "agent_read_ahead_p50_ms": "<= 120 (CPU)", "agent_read_ahead_p95_ms": "<= 250 (CPU)",
+    }
+    table = Table(title=f"clef-guard engine on {results.get('device', 'this machine')} ({results.get('model', LocalDecisionModel.model_fields['model'].default)})")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_column("goal")

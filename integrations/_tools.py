@@ -123,7 +123,7 @@ class ToolGate:
             self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
-        return self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked)
+        return self._read_ahead(request, self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked))
 
     async def awrap(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
@@ -143,7 +143,14 @@ class ToolGate:
             await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
-        return self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked)
+        return self._read_ahead(request, self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked))
+
+    def _read_ahead(self, request: ToolCallRequest, returned: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
+        """``returned``, after asking the guard to read the state the agent's next step will follow."""
+        state = request.state
+        if isinstance(state, Mapping) and isinstance(state.get(self.messages_key), list):
+            self.guard.read_ahead({**state, self.messages_key: [*state[self.messages_key], *_tool_results(returned)]})
+        return returned
 
     def _recorded(
         self, request: ToolCallRequest, call: ToolCall, result: ToolMessage | Command[Any], verdict: Verdict, checked: list[Verdict]

@@ -221,3 +221,15 @@ def test_error_paths_carry_no_argument_values_into_spans_or_the_audit_log(
     else:
         assert verdict.action == "deny" and verdict.error and span.status.status_code is StatusCode.ERROR
         assert "not recorded" in everything
+
+
+def test_spans_count_the_tokens_served_from_the_prefix_cache(engine: LocalDecisionModel) -> None:
+    recorder = Recorder()
+    guard = recorder.guard(None, DESTRUCTIVE, engine=engine)
+    engine.clear_prefix_cache()
+    state = {"messages": [{"role": "user", "content": "Tidy up /tmp, please."}]}
+    guard.check(CALL, state)
+    guard.check(CALL, state)
+    first, again = (span.attributes for span in recorder.spans.get_finished_spans())
+    assert first["gen_ai.usage.cache_read.input_tokens"] == 0
+    assert 0 < again["gen_ai.usage.cache_read.input_tokens"] < again["gen_ai.usage.input_tokens"] == first["gen_ai.usage.input_tokens"]

@@ -10,14 +10,15 @@ import pytest
 from clef_guard.integrations.langchain import GuardMiddleware
 from clef_guard.integrations.testing import ScriptedChatModel
 from langchain.agents import create_agent
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Command
 from model import ScriptedDecisionModel
 
-from clef_guard import Guard, parse_policy
+from clef_guard import Guard, LocalDecisionModel, Verdict, parse_policy
+from clef_guard.gate.view import upcoming_state
 
 POLICY = textwrap.dedent(
     """\
@@ -222,3 +223,41 @@ def test_injected_tool_results_are_withheld(notes: Path) -> None:
     result = agent.invoke({"messages": [("user", "read it")]}, CONFIG)
     (message,) = _tool_messages(result)
     assert message.status == "error" and "withheld" in message.text and "IGNORE" not in message.text
+
+
+READS = textwrap.dedent(
+    """\
+    version: 1
+    name: reads
+    applies_to: {tools: [read_note]}
+    questions:
+      private: {type: noul, instructions: 'Is the note private?'}
+    rules:
+      - {id: never, when: 'answers.private > 1.0', then: deny, message: unreachable}
+    """
+)
+
+
+def test_a_tool_result_is_read_before_the_next_gate_needs_it(notes: Path, engine: LocalDecisionModel) -> None:
+    """The engine reads each result while the agent's model writes its next step: the next gate starts after it."""
+    text = "Quarterly numbers: revenue up 4%, churn flat, two hires in support. " * 3
+    (notes / "a.txt").write_text(text)
+    (notes / "b.txt").write_text("hello")
+    policy = parse_policy(READS)
+    ask = "summarise a.txt, then b.txt"
+    after_first = [  # what the agent's state holds once the first note is read (ids are not rendered)
+        HumanMessage(ask),
+        AIMessage("", tool_calls=[{"name": "read_note", "args": {"name": "a.txt"}, "id": "call-0-0"}]),
+        ToolMessage(text, tool_call_id="call-0-0", name="read_note"),
+    ]
+    engine.clear_prefix_cache()
+    through_first_result = engine.prefill(upcoming_state(policy, {"messages": after_first}))
+    engine.clear_prefix_cache()
+    verdicts: list[Verdict] = []
+    guard = Guard([policy], engine=engine, on_verdict=[verdicts.append])
+    turns = [[("read_note", {"name": "a.txt"})], [("read_note", {"name": "b.txt"})], "done"]
+    agent = create_agent(ScriptedChatModel(turns=turns), _tools(notes), middleware=[GuardMiddleware(guard)])
+    agent.invoke({"messages": [("user", ask)]})
+    first, second = [v for v in verdicts if v.phase == "before_tool"]
+    assert first.cached_tokens == 0 and through_first_result > 0
+    assert second.cached_tokens >= through_first_result  # the result was read ahead, not by this gate

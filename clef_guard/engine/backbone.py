@@ -8,12 +8,13 @@ safetensors under :func:`cache_dir` (``$CLEF_GUARD_CACHE``, else
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,29 @@ class Backbone:
     dtype: torch.dtype
     context_window: int
     cache_kw: str
+    _float_head: torch.nn.Module | None = field(default=None, repr=False)
 
     @property
     def hidden_size(self) -> int:
         """Width of the decoder's hidden states."""
         return int(self.lm.config.hidden_size)
+
+    @property
+    def numerics(self) -> str:
+        """The dtype the decoder computes in, by name (``float32``, ``bfloat16``, ``float16``)."""
+        return str(self.dtype).removeprefix("torch.")
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 next-token logits for ``hidden`` (rows of the decoder's last layer).
+
+        A low-precision backbone keeps a float32 copy of its output layer for this: bf16
+        logits are off by about 0.1, which moves the log-probabilities a head reads.
+        """
+        if self.dtype == torch.float32:
+            return self.lm_head(hidden).float()
+        if self._float_head is None:
+            self._float_head = copy.deepcopy(self.lm_head).float()
+        return self._float_head(hidden.float())
 
 
 def load_backbone(model: str, *, adapter: str | None, device: str, dtype: str | None) -> Backbone:

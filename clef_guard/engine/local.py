@@ -127,6 +127,10 @@ class LocalDecisionModel(BaseDecisionModel):
     max_tree_tokens: int = Field(default=4096, ge=64)
     """Most question and option tokens scored in one forward pass (more take several), and
     most tokens of concurrent requests packed into one pass."""
+    pack_requests: bool | None = None
+    """Answer concurrent requests in shared packed passes; by default on a GPU only. A CPU pass
+    costs what its tokens do, so packing saves nothing there, while one request at a time lets
+    the prefix cache serve what requests share (policies' views of one call share the conversation)."""
     wide_choice_options: int = Field(default=WIDE_CHOICE_OPTIONS, ge=2)
     """A choice with more options than this is read wide: the prompt does not list them,
     and each option's embedding is matched against the question (one pass however many).
@@ -173,6 +177,20 @@ class LocalDecisionModel(BaseDecisionModel):
         with self._lock:
             self._prefix_cache.clear()
             self._option_cache.clear()
+
+    def prefill(self, state: State) -> int:
+        """Read ``state`` into the prefix cache, so that a request whose state begins as it
+        does reads only the rest; returns the tokens computed (0 when all were cached).
+
+        An agent calls it (through :meth:`clef_guard.Guard.read_ahead`) when tool results
+        arrive, while its model writes the next step.
+        """
+        if self.prefix_cache_size == 0:
+            return 0
+        prefix, _ = self._prefix_tokens(state, 0)
+        with self._lock, torch.inference_mode():
+            _, cached = self._prefill(prefix)
+        return len(prefix) - cached
 
     def reading(self, question: ParsedQuestion) -> str:
         """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""
@@ -227,14 +245,16 @@ class LocalDecisionModel(BaseDecisionModel):
         return job.result
 
     def _run_jobs(self, jobs: list[Job]) -> None:
-        """Answer ``jobs``: a request alone uses the prefix cache; several share packed passes."""
+        """Answer ``jobs``: a request alone uses the prefix cache; packed, several share passes (``pack_requests``)."""
         prepared: list[Prepared] = []
         for job in jobs:
             try:
                 prepared.append(self._prepare(job))
             except Exception as exc:  # this request's own fault; the others still run
                 job.fail(exc)
-        for group in packed(prepared, lambda item: item.length, self.max_tree_tokens):
+        pack = self._backbone.device.type != "cpu" if self.pack_requests is None else self.pack_requests
+        groups = packed(prepared, lambda item: item.length, self.max_tree_tokens) if pack else [[item] for item in prepared]
+        for group in groups:
             try:
                 if len(group) == 1:
                     group[0].job.result = self._encode_one(group[0])
@@ -338,9 +358,9 @@ class LocalDecisionModel(BaseDecisionModel):
         return tuple(header + body[:head_keep] + marker + tail), len(body) - keep
 
     def _prefill(self, prefix: tuple[int, ...]) -> tuple[Any, int]:
-        """KV cache of ``prefix``, computing only what the prefix cache does not hold."""
-        hit, cached_kv = self._prefix_cache.longest_prefix(prefix)
-        if hit == len(prefix):
+        """KV cache of ``prefix``, computing only what no cached prefix shares with it."""
+        hit, key, cached_kv = self._prefix_cache.longest_shared(prefix)
+        if hit == len(prefix) == len(key):
             return cached_kv, hit
         if cached_kv is None:
             from transformers import DynamicCache
@@ -348,7 +368,10 @@ class LocalDecisionModel(BaseDecisionModel):
             kv = DynamicCache(config=self._backbone.lm.config)
         else:
             kv = copy.deepcopy(cached_kv)
-        self._run(prefix[hit:], kv, positions=range(hit, len(prefix)), wide=False)
+            if len(key) > hit:
+                kv.crop(hit - len(key))  # a negative crop removes tokens, in every transformers release
+        if hit < len(prefix):
+            self._run(prefix[hit:], kv, positions=range(hit, len(prefix)), wide=False)
         self._prefix_cache.put(prefix, kv)
         return kv, hit
 
@@ -366,7 +389,7 @@ class LocalDecisionModel(BaseDecisionModel):
 
     def _features(self, hidden: Hidden, branches: list[Branch], tree: Tree) -> list[OptionFeatures]:
         """Per question: the closing-token hidden state and mean log-probability of each option."""
-        logprobs = target_logprobs(self._backbone.lm_head, hidden.last, branches, tree)
+        logprobs = target_logprobs(self._backbone.logits, hidden.last, branches, tree)
         features = []
         for branch, option_spans, end, scores in zip(branches, tree.spans, tree.ends, logprobs, strict=True):
             if branch.wide:

@@ -2,6 +2,8 @@
 
 An agent's state grows by appending turns. Keeping the KV cache of recent prefixes
 lets a gate at turn ``k`` run the model only on the tokens added since turn ``k - 1``.
+An entry serves any sequence it shares a beginning with, cut to what they share: two
+policies' views of one call, which differ only after the conversation, read it once.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest_prefix(self, tokens: tuple[int, ...]) -> tuple[int, Any]:
-        """The longest cached prefix of ``tokens``: ``(length, kv)``, or ``(0, None)``."""
-        best: tuple[int, ...] = ()
+    def longest_shared(self, tokens: tuple[int, ...]) -> tuple[int, tuple[int, ...], Any]:
+        """The entry sharing the longest beginning with ``tokens``: ``(shared length, its key, its kv)``,
+        or ``(0, (), None)``. The kv holds the whole key: cut a copy to the shared length before use."""
+        best, best_key = 0, ()
         for key in self._entries:
-            if len(best) < len(key) <= len(tokens) and tokens[: len(key)] == key:
-                best = key
+            shared = _shared_length(key, tokens)
+            if shared > best or (shared == best > 0 and len(key) < len(best_key)):  # the shortest: least to cut
+                best, best_key = shared, key
         if not best:
-            return 0, None
-        self._entries.move_to_end(best)
-        return len(best), self._entries[best]
+            return 0, (), None
+        self._entries.move_to_end(best_key)
+        return best, best_key, self._entries[best_key]
 
     def put(self, tokens: tuple[int, ...], kv: Any) -> None:
         """Remember ``kv`` as the cache of exactly ``tokens``, evicting the oldest entries."""
@@ -47,3 +51,18 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every entry."""
         self._entries.clear()
+
+
+def _shared_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low] and a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low

@@ -8,9 +8,8 @@ and one forward pass scores every option of every question.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -129,8 +128,12 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[None, None]
 
 
-def target_logprobs(lm_head: Any, hidden: torch.Tensor, branches: Sequence[Branch], tree: Tree) -> list[torch.Tensor]:
+def target_logprobs(
+    logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, branches: Sequence[Branch], tree: Tree
+) -> list[torch.Tensor]:
     """Mean log-probability of each option's tokens, per branch, in chunks over the vocabulary.
+
+    ``logits_of`` maps hidden rows to float32 next-token logits (:meth:`clef_guard.engine.backbone.Backbone.logits`).
 
     A wide choice's options are not in the tree: its entry is empty.
     """
@@ -150,7 +153,7 @@ def target_logprobs(lm_head: Any, hidden: torch.Tensor, branches: Sequence[Branc
     token_logprobs = torch.empty(len(predictors), dtype=torch.float32, device=device)
     for start in range(0, len(predictors), _LOGIT_CHUNK):
         chunk = slice(start, start + _LOGIT_CHUNK)
-        logits = lm_head(hidden[predictor_t[chunk]]).float()
+        logits = logits_of(hidden[predictor_t[chunk]])
         token_logprobs[chunk] = logits.log_softmax(-1).gather(-1, target_t[chunk, None]).squeeze(-1)
     owner_t = torch.tensor(owners, dtype=torch.long, device=device)
     sums = torch.zeros(option_index, dtype=torch.float32, device=device).index_add_(0, owner_t, token_logprobs)

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,7 @@ from clef_guard.gate.trail import (
     user_text,
 )
 from clef_guard.gate.verdict import PolicyDecision, Verdict
-from clef_guard.gate.view import engine_state, normalise_call
+from clef_guard.gate.view import engine_state, normalise_call, upcoming_state
 from clef_guard.policy.calibration import load_calibration
 from clef_guard.policy.load import HINTS, Policy
 from clef_guard.policy.schema import SEVERITY, Mode
@@ -98,6 +99,7 @@ class _Check:
     start_ns: int = field(default_factory=time.time_ns)
     errors: list[BaseException] = field(default_factory=list)
     input_tokens: int = 0
+    cached_tokens: int = 0
     settled: list[PolicyDecision] = field(default_factory=list)
     """Decisions made without the engine: policies with no questions, or whose ``applies_to.when`` failed."""
 
@@ -183,6 +185,8 @@ class Guard:
         self.mode = mode
         self._enforcing = {p.name for p in self.policies if mode == "enforce" and p.mode == "enforce"}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="clef-guard")
+        self._ahead: concurrent.futures.Future[None] | None = None
+        self._ahead_lock = threading.Lock()
 
     @property
     def engine(self) -> BaseDecisionModel:
@@ -198,6 +202,31 @@ class Guard:
         call, flow = situation(tool_call, state, options)
         phase, step, context = options.get("phase", "before_tool"), options.get("step"), options.get("context") or {}
         return [p for p in self.policies if p.matches(call["name"], phase=phase, step=step, context=context, tool=call, flow=flow)]
+
+    def read_ahead(self, state: Any) -> concurrent.futures.Future[None] | None:
+        """Start reading ``state`` in the background as the policies' views of the next call will begin.
+
+        Call it when tool results arrive (the integrations do): the engine reads them while
+        the agent's model writes its next step, and the next check reads only that step,
+        the call and the questions. A newer call replaces one that has not started. It
+        never decides anything; an engine without :meth:`LocalDecisionModel.prefill
+        <clef_guard.engine.local.LocalDecisionModel.prefill>`, or not loaded yet, skips it.
+        Returns the reading's future, or ``None`` when there is nothing to read.
+        """
+        prefill = getattr(self._engine, "prefill", None)
+        if prefill is None:
+            return None
+        views = {}
+        for policy in self.policies:
+            if policy.applies_to.phase == "before_tool" and policy.questions:
+                upcoming = upcoming_state(policy, state)
+                if upcoming is not None:
+                    views.setdefault(json.dumps(upcoming, default=str, sort_keys=True), upcoming)
+        with self._ahead_lock:
+            if self._ahead is not None:
+                self._ahead.cancel()  # superseded: a cancelled future that already runs finishes harmlessly
+            self._ahead = self._pool.submit(_read_ahead, prefill, list(views.values())) if views else None
+            return self._ahead
 
     def check(self, tool_call: Mapping[str, Any], state: Any = None, **options: Unpack[CheckOptions]) -> Verdict:
         """Decide whether ``tool_call`` (``{name, args, id}``) may run, given ``state``."""
@@ -361,6 +390,7 @@ class Guard:
                 run.errors.append(reply)
             elif reply.usage is not None:
                 run.input_tokens += int(reply.usage.get("input_tokens") or 0)
+                run.cached_tokens += int((reply.usage.get("input_token_details") or {}).get("cache_read") or 0)
             for policy in group.policies:
                 calibrated = policy.name in self._calibrated
                 answers = None
@@ -428,7 +458,7 @@ class Guard:
             return Verdict(
                 "allow", None, None, "no policy applies" if not decisions else "only policies in shadow mode apply",
                 tuple(decisions), call, _ms(start), engine_name, escalation_name, "; ".join(errors) or None, run.phase,
-                run.input_tokens, shadowed, **flow,
+                run.input_tokens, shadowed, **flow, cached_tokens=run.cached_tokens,
             )
         action, message = final.action, final.message
         if action == "escalate" and not self.human_review:
@@ -450,6 +480,7 @@ class Guard:
             error="; ".join(errors) or None,
             phase=run.phase,
             input_tokens=run.input_tokens,
+            cached_tokens=run.cached_tokens,
             **flow,
         )
 
@@ -479,6 +510,14 @@ def declared(info: ToolInfo) -> dict[str, Any]:
     hints = {hint: annotations.get(hint) if isinstance(annotations.get(hint), bool) else None for hint in HINTS}
     metadata = json.loads(json.dumps(dict(info.get("metadata") or {}), default=str))
     return {"annotations": hints, "metadata": metadata, "tags": [str(t) for t in info.get("tags") or ()]}
+
+
+def _read_ahead(prefill: Callable[[Any], int], states: list[dict[str, Any]]) -> None:
+    for state in states:
+        try:
+            prefill(state)
+        except Exception:  # only a speed-up: the check that follows reads the state itself, and reports
+            _log.debug("reading ahead failed", exc_info=True)
 
 
 def _merge_escalated(first: list[PolicyDecision], again: list[PolicyDecision]) -> list[PolicyDecision]:

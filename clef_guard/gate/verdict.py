@@ -44,7 +44,7 @@ class Verdict:
     phase: str = "before_tool"
     """``before_tool`` (a proposed call), ``after_tool`` (its result) or ``route``."""
     input_tokens: int = 0
-    """Tokens the engines read for this decision."""
+    """Tokens the engines read for this decision, ``cached_tokens`` included."""
     shadowed: PolicyDecision | None = None
     """The strictest decision of a policy in shadow mode, when it is stricter than ``action``:
     what the guard would have done had it been enforced."""
@@ -54,6 +54,8 @@ class Verdict:
     """Provenance marks of the labeled text: hashes, never the text (:mod:`clef_guard.gate.trail`)."""
     thread_labels: tuple[str, ...] = ()
     """Every label the thread carried when the check ran."""
+    cached_tokens: int = 0
+    """Of ``input_tokens``, those an engine served from its prefix cache instead of computing."""
 
     @property
     def enforced(self) -> bool:

@@ -16,14 +16,7 @@ from clef_guard.policy.load import Policy
 def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, description: str | None) -> dict[str, Any]:
     """The state the engine sees for ``policy``: the parts its ``state:`` section asks for."""
     view = policy.state
-    payload: dict[str, Any] = {}
-    if view.fields and isinstance(state, Mapping):
-        payload["fields"] = {k: state[k] for k in view.fields if k in state}
-    messages = state_messages(state)
-    if view.messages and messages:
-        latest = messages[-view.messages :]
-        opening = _opening(messages) if view.opening else []
-        payload["messages"] = [*opening[: len(messages) - len(latest)], *latest]
+    payload = _conversation(policy, state, upcoming=False)
     if view.tool_call:
         tool: dict[str, Any] = {"name": call["name"], "args": call["args"]}
         if view.tool_description and description:
@@ -31,6 +24,34 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
         payload["tool"] = tool
     if view.tool_result and call.get("result") is not None:
         payload["tool_result"] = call["result"]
+    return payload
+
+
+def upcoming_state(policy: Policy, state: Any) -> dict[str, Any] | None:
+    """What ``policy``'s engine state for the next call on ``state`` begins with, or ``None``
+    when it begins with nothing ``state`` holds yet.
+
+    The next call comes in one more message (the model's, proposing it): the view keeps
+    ``state``'s fields and the messages its window will hold then, before that message.
+    Rendered, this is a prefix of the next call's engine state (its keys sort first).
+    """
+    return _conversation(policy, state, upcoming=True) or None
+
+
+def _conversation(policy: Policy, state: Any, *, upcoming: bool) -> dict[str, Any]:
+    """The ``fields`` and ``messages`` of ``policy``'s view of ``state``; ``upcoming``: as the
+    window will hold them once one more message arrives, without that message."""
+    view = policy.state
+    payload: dict[str, Any] = {}
+    if view.fields and isinstance(state, Mapping):
+        payload["fields"] = {k: state[k] for k in view.fields if k in state}
+    messages = state_messages(state)
+    if view.messages and messages:
+        window = [*messages, None] if upcoming else messages  # None: the message still to come
+        latest = window[-view.messages :]
+        opening = _opening(window) if view.opening else []
+        kept = [*opening[: len(window) - len(latest)], *latest]
+        payload["messages"] = kept[:-1] if upcoming else kept
     return payload
 
 

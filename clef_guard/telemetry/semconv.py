@@ -23,6 +23,7 @@ TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # opt-in content
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+USAGE_CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # included in USAGE_INPUT_TOKENS
 ERROR_TYPE = "error.type"
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"

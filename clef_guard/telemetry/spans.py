@@ -125,6 +125,7 @@ class Telemetry:
             sc.POLICIES: [d.policy for d in verdict.decisions],
             sc.LATENCY_MS: verdict.latency_ms,
             sc.USAGE_INPUT_TOKENS: verdict.input_tokens,
+            sc.USAGE_CACHE_READ_TOKENS: verdict.cached_tokens,
             sc.CALIBRATED: any(d.calibrated for d in verdict.decisions),
         }
         optional = {

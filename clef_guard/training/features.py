@@ -110,19 +110,15 @@ def _stale(entry: dict[str, Any], reading: str) -> bool:
     return read != reading or (reading == "wide" and entry.get("wide_features") != _WIDE_FEATURES)
 
 
-def _stale(entry: dict[str, Any], reading: str) -> bool:
-    """Whether a cached entry was read another way, or wide by an older engine."""
-    read = entry.get("reading", entry.get("kind"))
-    return read != reading or (reading == "wide" and entry.get("wide_features") != _WIDE_FEATURES)
-
-
 def _backbone_key(engine: LocalDecisionModel) -> str:
     adapter = None
     if engine.adapter is not None:  # by content: retraining into the same folder must not reuse features
         weights = Path(engine.adapter) / "adapter_model.safetensors"
         adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else engine.adapter
-    identity = json.dumps({"model": engine.model, "adapter": adapter, "layout": 2}, sort_keys=True)
-    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+    identity: dict[str, Any] = {"model": engine.model, "adapter": adapter, "layout": 2}
+    if engine.backbone.numerics != "float32":  # float32 features keep the key they had before other numerics
+        identity["numerics"] = engine.backbone.numerics
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _example_key(example: Example, question: ParsedQuestion) -> str:
