@@ -224,3 +224,24 @@ def test_datasets_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "missing"))
     with pytest.raises(ClefGuardError, match=DATASETS_ENV):
         datasets_dir()
+
+
+def test_tool_output_rows_hold_out_result_kinds_and_attack_styles() -> None:
+    from clef_guard.training.rows.tool_outputs import tool_outputs
+
+    rows = tool_outputs()
+    benign = [row for row in rows if row.style is None]
+    assert len(benign) >= 1000 and len({row.kind for row in benign}) >= 12
+    kinds = {split: {row.kind for row in benign if row.split == split} for split in SPLITS}
+    styles = {split: {row.style for row in rows if row.split == split and row.style} for split in SPLITS}
+    for one, other in [("train", "dev"), ("train", "test"), ("dev", "test")]:
+        assert not styles[one] & styles[other] and not kinds[one] & kinds[other], (one, other)
+    assert {row.kind for row in rows if row.split == "train"} == kinds["train"]  # a held-out kind's results never train
+    texts = {row.text for row in benign}
+    for row in rows:
+        if row.style is not None:  # an injected twin keeps every line of a benign result and adds one attack
+            assert row.text not in texts
+            assert any(all(line in row.text for line in twin.text.split("\n")) for twin in benign if twin.args == row.args)
+    test = load_task("tool-output", "test")
+    assert {example.label for example in test} == {"yes", "no"}
+    assert all(example.state["tool_result"] for example in test)  # the result, as the shipped policy shows it

@@ -4,22 +4,25 @@ The data are third-party sets kept outside the repository in ``shared/datasets``
 README gives provenance and licences). Each task reads them as they are and asks one
 ``langchain_core.decisions`` question per example:
 
-==========  ====================================  ================  ============  ============
-task        question                              train             dev           test
-==========  ====================================  ================  ============  ============
-banking77   Choice: 77 banking intents            train.csv - dev   seeded 10%    test.csv
-                                                                    of train.csv
-clinc150    Choice: 150 intents + ``oos``         train+oos_train   val+oos_val   test+oos_test
-hwu64       Choice: 64 assistant intents          train/            valid/        test/
-when2call   Choice: tool_call / request_for_info  (test only)       (test only)   all 300 rows
-            / cannot_answer
-tool-use    the same question, generated rows     seeded 70% of     15% of the    15% of the
-            (``training.rows``)              the tools         tools         tools
-assebench   Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
-rjudge      Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
-metatool    Noul: does it need an external tool?  seeded 70%        seeded 10%    seeded 20%
-injecguard  Noul: is there a prompt injection?    seeded 70%        seeded 10%    seeded 20%
-==========  ====================================  ================  ============  ============
+===========  ====================================  ================  ============  ============
+task         question                              train             dev           test
+===========  ====================================  ================  ============  ============
+banking77    Choice: 77 banking intents            train.csv - dev   seeded 10%    test.csv
+                                                                     of train.csv
+clinc150     Choice: 150 intents + ``oos``         train+oos_train   val+oos_val   test+oos_test
+hwu64        Choice: 64 assistant intents          train/            valid/        test/
+when2call    Choice: tool_call / request_for_info  (test only)       (test only)   all 300 rows
+             / cannot_answer
+tool-use     the same question, generated rows     seeded 70% of     15% of the    15% of the
+             (``training.rows``)                   the tools         tools         tools
+assebench    Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
+rjudge       Noul: is the agent's action unsafe?   splits.json       splits.json   splits.json
+metatool     Noul: does it need an external tool?  seeded 70%        seeded 10%    seeded 20%
+injecguard   Noul: is there a prompt injection?    seeded 70%        seeded 10%    seeded 20%
+tool-output  the prompt-injection policy's         8 result kinds,   2 kinds,      4 kinds,
+             question on generated tool results    4 attack styles   1 style       3 styles
+             (``training.rows.tool_outputs``)
+===========  ====================================  ================  ============  ============
 
 "Seeded" splits shuffle the examples with a generator seeded by the task name, so they
 are the same on every run and independent of ``load_task``'s ``seed`` (which only
@@ -58,6 +61,7 @@ from langchain_core.decisions import Choice, Noul, NoulCriteria
 from clef_guard.errors import ClefGuardError
 from clef_guard.training.examples import WHEN_TO_CALL, Example, sample, seeded_split
 from clef_guard.training.rows.policies import policy_examples
+from clef_guard.training.rows.tool_outputs import tool_output_examples
 from clef_guard.training.rows.tool_use import tool_use_examples
 
 DATASETS_ENV = "CLEF_GUARD_DATASETS"
@@ -299,6 +303,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "injecguard": _injecguard,
     "policies": lambda root, split: _policy_examples(split),
     "tool-use": lambda root, split: _tool_use_examples(split),
+    "tool-output": lambda root, split: tool_output_examples(split),
 }
 _TEST_ONLY = frozenset({"when2call"})
 
