@@ -21,6 +21,7 @@ from clef_guard.training.calibrate import (
     minimum_accepted,
     reliability_diagram,
     sampling_ece,
+    stop_threshold,
 )
 
 
@@ -136,3 +137,25 @@ def test_reliability_diagram_is_written(tmp_path: Path) -> None:
     confidences, correct = _calibrated(500, 3)
     path = reliability_diagram(confidences, correct, tmp_path / "reliability.png", title="toy")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stop_thresholds_keep_the_true_false_alarm_rate_under_target() -> None:
+    """Negatives score U(0, 1), positives U(0.5, 1): a threshold t stops 1 - t of the negatives,
+    which must be at most the target in >= 95% of simulated calibration sets."""
+    rng = random.Random(3)
+    target, failures, runs = 0.02, 0, 300
+    for _ in range(runs):
+        labels = [rng.random() < 0.3 for _ in range(1000)]
+        yes = [0.5 + 0.5 * rng.random() if label else rng.random() for label in labels]
+        stop = stop_threshold(yes, labels, target_error=target)
+        assert stop.threshold is not None and stop.false_alarm_bound <= target
+        assert stop.false_alarms == sum(p >= stop.threshold for p, label in zip(yes, labels) if not label)
+        failures += 1 - stop.threshold > target
+    assert failures / runs <= 0.05 + 0.03
+
+
+def test_too_few_negatives_give_no_stop_threshold() -> None:
+    stop = stop_threshold([0.1] * 100 + [0.9] * 10, [False] * 100 + [True] * 10, target_error=0.01)
+    assert stop.threshold is None and stop.negatives == 100 and stop.false_alarm_bound > 0.01
+    clean = stop_threshold([0.1] * 400 + [0.9] * 10, [False] * 400 + [True] * 10, target_error=0.01)
+    assert clean.threshold is not None and 0.1 < clean.threshold <= 0.9 and clean.recall == 1.0 and clean.false_alarms == 0

@@ -55,6 +55,8 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
     calibration = tmp_path / "calibration.yaml"
     argv = ["calibrate", "--adapter", str(out), "--head", str(out / "decision_head.safetensors"), "--data", str(data),
             "--features", str(features), "--target-error", "0.5", "--out", str(calibration), "--plot", str(tmp_path / "reliability.png"), "--json"]
+    assert main([*argv, "--stop-threshold", "prompt-injection:nope"]) == 2
+    assert "naming a yes/no question of the policy" in capsys.readouterr().err.replace("\n", " ")
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == 12 and set(report["before"]) == {"accuracy", "ece", "ece_noise", "brier"}

@@ -44,7 +44,12 @@ from clef_guard.gate.trail import (
     user_text,
 )
 from clef_guard.gate.verdict import PolicyDecision, Verdict
-from clef_guard.gate.view import engine_state, normalise_call, upcoming_state
+from clef_guard.gate.view import (
+    engine_state,
+    normalise_call,
+    result_windows,
+    upcoming_state,
+)
 from clef_guard.policy.calibration import load_calibration
 from clef_guard.policy.load import HINTS, Policy
 from clef_guard.policy.schema import SEVERITY, Mode
@@ -109,6 +114,8 @@ class _Group:
     """Policies sharing one state view, asked in one engine request."""
 
     state: dict[str, Any]
+    span: tuple[int, int] | None = None
+    """The window of the tool result this group reads (``None``: all of it)."""
     questions: dict[str, Any] = field(default_factory=dict)
     """Engine question id -> question (identical questions share an id)."""
     ids: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -320,21 +327,24 @@ class Guard:
         return run
 
     def _groups(self, run: _Check, policies: list[Policy]) -> list[_Group]:
-        """One engine request per distinct state view; identical questions asked once."""
+        """One engine request per distinct state view (and result window); identical questions asked once."""
         groups: dict[str, _Group] = {}
         for policy in policies:
-            view_key = policy.state.model_dump_json()
-            group = groups.get(view_key)
-            if group is None:
-                group = groups[view_key] = _Group(state=engine_state(policy, run.call, run.state, run.description))
-            group.policies.append(policy)
-            for qid, question in policy.questions.items():
-                key = question.model_dump_json()
-                shared = next((eid for eid, q in group.questions.items() if q.model_dump_json() == key), None)
-                if shared is None:
-                    shared = f"q{len(group.questions)}"
-                    group.questions[shared] = question
-                group.ids[(policy.name, qid)] = shared
+            result = run.call.get("result") if policy.state.tool_result else None
+            for span in result_windows(result, policy.state.result_window):
+                view_key = policy.state.model_dump_json(exclude={"result_window"}) + json.dumps(span)
+                group = groups.get(view_key)
+                if group is None:
+                    call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
+                    group = groups[view_key] = _Group(engine_state(policy, call, run.state, run.description), span)
+                group.policies.append(policy)
+                for qid, question in policy.questions.items():
+                    key = question.model_dump_json()
+                    shared = next((eid for eid, q in group.questions.items() if q.model_dump_json() == key), None)
+                    if shared is None:
+                        shared = f"q{len(group.questions)}"
+                        group.questions[shared] = question
+                    group.ids[(policy.name, qid)] = shared
         return list(groups.values())
 
     def _escalation_groups(self, run: _Check, decisions: list[PolicyDecision]) -> list[_Group]:
@@ -401,14 +411,13 @@ class Guard:
                     error = f"the engine's response lacks questions {missing}" if missing else None
                     answers = {qid: reply.answers[group.ids[(policy.name, qid)]] for qid in policy.questions} if not missing else None
                 if answers is None:
-                    decisions.append(failed_decision(policy, str(error), calibrated=calibrated, escalated=escalated))
+                    decision = failed_decision(policy, str(error), calibrated=calibrated, escalated=escalated)
                 else:
-                    decisions.append(
-                        evaluate_rules(
-                            policy, answers, run.call, run.context, flow=run.flow, calibrated=calibrated, escalated=escalated
-                        )
+                    decision = evaluate_rules(
+                        policy, answers, run.call, run.context, flow=run.flow, calibrated=calibrated, escalated=escalated
                     )
-        return decisions
+                decisions.append(decision if group.span is None else replace(decision, span=group.span))
+        return _strictest_window(decisions)
 
     def _publish(self, runs: list[_Check], verdicts: list[Verdict]) -> list[Verdict]:
         for run, verdict in zip(runs, verdicts, strict=True):
@@ -510,6 +519,15 @@ def declared(info: ToolInfo) -> dict[str, Any]:
     hints = {hint: annotations.get(hint) if isinstance(annotations.get(hint), bool) else None for hint in HINTS}
     metadata = json.loads(json.dumps(dict(info.get("metadata") or {}), default=str))
     return {"annotations": hints, "metadata": metadata, "tags": [str(t) for t in info.get("tags") or ()]}
+
+
+def _strictest_window(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
+    """One decision per policy: a policy that read a result in windows keeps its strictest window's."""
+    kept: dict[str, PolicyDecision] = {}
+    for decision in decisions:
+        if decision.policy not in kept or SEVERITY[decision.action] > SEVERITY[kept[decision.policy].action]:
+            kept[decision.policy] = decision
+    return list(kept.values())
 
 
 def _read_ahead(prefill: Callable[[Any], int], states: list[dict[str, Any]]) -> None:

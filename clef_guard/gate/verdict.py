@@ -24,6 +24,9 @@ class PolicyDecision:
     """Whether these answers came from the escalation engine."""
     enforced: bool = True
     """``False`` for a policy (or a guard) in shadow mode: recorded, never acted on."""
+    span: tuple[int, int] | None = None
+    """The characters of the tool result its answers read, when the policy reads results in
+    windows (``state.result_window``): the window that made it strictest."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,32 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
     return payload
 
 
+MAX_WINDOWS = 16
+"""Most windows one result is read in; a longer result gets wider windows (the engine keeps each one's head and tail)."""
+
+
+def result_windows(result: str | None, size: int | None) -> list[tuple[int, int] | None]:
+    """Character spans that cover ``result`` in windows of about ``size``, overlapping by a
+    fifth so that a passage cut by one window's edge is whole in the next; ``[None]``
+    (the whole result) when it is short or no size is set. Windows end at a line break
+    where one falls in their last fifth."""
+    if not result or size is None or len(result) <= size:
+        return [None]
+    size = max(size, -(-5 * len(result) // (3 * MAX_WINDOWS)) + 5)  # a window advances at least 3/5 of its size
+    overlap = size // 5
+    spans: list[tuple[int, int] | None] = []
+    start = 0
+    while True:
+        end = min(start + size, len(result))
+        if end < len(result):
+            cut = result.rfind("\n", end - overlap, end)
+            end = cut + 1 if cut > start else end
+        spans.append((start, end))
+        if end >= len(result):
+            return spans
+        start = end - overlap
+
+
 def upcoming_state(policy: Policy, state: Any) -> dict[str, Any] | None:
     """What ``policy``'s engine state for the next call on ``state`` begins with, or ``None``
     when it begins with nothing ``state`` holds yet.

@@ -52,6 +52,11 @@ class StateView(_Strict):
     fields: list[str] = Field(default_factory=list)
     """Top-level state keys to include besides the messages."""
     tool_result: bool = False
+    result_window: int | None = Field(default=None, ge=200)
+    """Read a tool result longer than this many characters in windows of it (overlapping by
+    a fifth), each asked on its own: the policy decides on the window that makes it
+    strictest, and its decision names that window (``span``). An attack after pages of
+    ordinary text is then read beside little else, and a long page is judged a piece at a time."""
 
 
 class Rule(_Strict):

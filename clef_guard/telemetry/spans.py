@@ -84,8 +84,12 @@ class Telemetry:
         for decision in verdict.decisions:
             for qid, answer in decision.answers.items():
                 span.add_event(sc.EVALUATION_EVENT, _evaluation(decision.policy, qid, answer))
-            outcome = {sc.EVALUATION_POLICY: decision.policy, sc.DECISION_ACTION: decision.action, sc.ENFORCED: decision.enforced}
-            span.add_event(sc.POLICY_DECISION_EVENT, {**outcome, **({sc.DECISION_RULE: decision.rule} if decision.rule else {})})
+            outcome: dict[str, Any] = {sc.EVALUATION_POLICY: decision.policy, sc.DECISION_ACTION: decision.action, sc.ENFORCED: decision.enforced}
+            if decision.rule:
+                outcome[sc.DECISION_RULE] = decision.rule
+            if decision.span:
+                outcome[sc.DECISION_SPAN] = list(decision.span)
+            span.add_event(sc.POLICY_DECISION_EVENT, outcome)
         if failed:
             span.set_status(Status(StatusCode.ERROR, scrub(verdict.error or "guard error")))
             span.set_attribute(sc.ERROR_TYPE, type(errors[0]).__name__ if errors else "GuardError")

@@ -190,6 +190,44 @@ def choose_threshold(
     return best
 
 
+@dataclass(frozen=True)
+class StopThreshold:
+    """A threshold at which "yes" stops a call, and what it costs and catches."""
+
+    threshold: float | None
+    """Stop at P(yes) of at least this; ``None`` when even stopping nothing cannot be shown to meet the target."""
+    false_alarms: int
+    """"no" rows it stops."""
+    negatives: int
+    recall: float
+    """Fraction of "yes" rows it stops."""
+    false_alarm_bound: float
+    """Clopper-Pearson upper bound on the fraction of "no" rows it stops."""
+
+
+def stop_threshold(
+    yes: Sequence[float], positive: Sequence[bool], *, target_error: float, confidence: float = 0.95
+) -> StopThreshold:
+    """The lowest threshold on P(yes) whose false alarms (``positive`` false, P(yes) at or
+    above it) stay under ``target_error`` of the negatives with ``confidence``.
+
+    The bound grows with the number of false alarms alone (the negatives are fixed), so the
+    most false alarms the target allows sets the threshold: just above the next negative's score.
+    """
+    negatives = sorted((p for p, label in zip(yes, positive, strict=True) if not label), reverse=True)
+    positives = [p for p, label in zip(yes, positive, strict=True) if label]
+    allowed = -1
+    while allowed + 1 <= len(negatives) and clopper_pearson_upper(allowed + 1, len(negatives), confidence) <= target_error:
+        allowed += 1
+    if allowed < 0:
+        return StopThreshold(None, 0, len(negatives), 0.0, clopper_pearson_upper(0, len(negatives), confidence))
+    above = negatives[allowed] if allowed < len(negatives) else 0.0  # the first negative it must not stop
+    threshold = min(1.0, math.nextafter(above, 2.0))
+    false_alarms = sum(p >= threshold for p in negatives)
+    recall = sum(p >= threshold for p in positives) / len(positives) if positives else float("nan")
+    return StopThreshold(threshold, false_alarms, len(negatives), recall, clopper_pearson_upper(false_alarms, len(negatives), confidence))
+
+
 def minimum_accepted(target_error: float, confidence: float = 0.95) -> int:
     """The fewest answers whose error bound can reach ``target_error`` (with zero errors)."""
     if not 0.0 < target_error < 1.0:

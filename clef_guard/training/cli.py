@@ -29,10 +29,13 @@ from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
 from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import ClefGuardError
+from clef_guard.policy.load import load_policies
 from clef_guard.training.calibrate import (
+    StopThreshold,
     calibration_metrics,
     choose_threshold,
     reliability_diagram,
+    stop_threshold,
 )
 from clef_guard.training.datasets import load_task, sample_options
 from clef_guard.training.evaluate import SparrowDecisionModel, evaluate, question_text
@@ -63,7 +66,7 @@ def add_commands(commands: Any) -> None:
     train = commands.add_parser("train", parents=[engine, reading], help="train a decision head")
     train.add_argument(
         "--task", action="append", default=[],
-        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options",
+        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options, NAME@N takes N rows",
     )
     train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
     train.add_argument("--split", default="train")
@@ -107,6 +110,15 @@ def add_commands(commands: Any) -> None:
         "--policy-threshold", action="append", default=[], metavar="POLICY:NAME",
         help="write the chosen threshold as this policy threshold in the calibration file",
     )
+    calibrate.add_argument(
+        "--keep-temperatures", action="store_true",
+        help="leave the head's temperatures as they are (the head file is not rewritten): fit thresholds only",
+    )
+    calibrate.add_argument(
+        "--stop-threshold", action="append", default=[], metavar="POLICY:NAME[=QUESTION][@TARGET]",
+        help="fit a threshold at which a yes stops a call: the lowest P(yes) whose false alarms on the 'no' rows "
+        "of the policy's question QUESTION (default NAME) stay under TARGET (default --target-error) with --confidence",
+    )
     evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
     evaluate.add_argument("--task", default=None, help="a task from the shared datasets")
     evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
@@ -138,11 +150,13 @@ def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionM
 
 def _examples(args: argparse.Namespace) -> list[Example]:
     parts = []
-    for spec in args.task:  # NAME, or NAME:K to ask its choices with K options (else --options)
-        task, _, options = spec.partition(":")
-        if options and not options.isdigit():
-            raise ClefGuardError(f"--task {spec!r}: write NAME or NAME:K with K a number of options")
-        parts.append((load_task(task, args.split, limit=args.limit, seed=args.seed), int(options or 0) or args.options))
+    for spec in args.task:  # NAME, NAME:K to ask its choices with K options (else --options), @N: N rows (else --limit)
+        head, _, limit = spec.partition("@")
+        task, _, options = head.partition(":")
+        if (options and not options.isdigit()) or (limit and not limit.isdigit()):
+            raise ClefGuardError(f"--task {spec!r}: write NAME[:K][@N] with K a number of options and N of rows")
+        rows = load_task(task, args.split, limit=int(limit) if limit else args.limit, seed=args.seed)
+        parts.append((rows, int(options or 0) or args.options))
     parts += [(_jsonl_examples(file), args.options) for file in args.data]
     examples = [e for rows, count in parts for e in (sample_options(rows, count, seed=args.seed) if count else rows)]
     if not examples:
@@ -260,14 +274,18 @@ def _train_lora(
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     engine = _engine(args, str(args.head))
     head = DecisionHead.load(args.head, engine.backbone.hidden_size)
-    with torch.no_grad():
-        head.log_temperature.zero_()  # "before" is the uncalibrated head
     examples = _examples(args)
     features = _features(args, engine, examples, console, "reading the calibration split")
-    before = predict(head, features)
-    temperatures = calibrate_head(head, features, per_question=args.per_question)
-    after = predict(head, features)
-    head.save(args.head)
+    if args.keep_temperatures:
+        before = after = predict(head, features)
+        temperatures: dict[str, float] = {}
+    else:
+        with torch.no_grad():
+            head.log_temperature.zero_()  # "before" is the uncalibrated head
+        before = predict(head, features)
+        temperatures = calibrate_head(head, features, per_question=args.per_question)
+        after = predict(head, features)
+        head.save(args.head)
     confidences = [float(p.max()) for p in after]
     correct = [int(p.argmax()) == f.label for p, f in zip(after, features, strict=True)]
     choice = choose_threshold(confidences, correct, target_error=args.target_error, confidence=args.confidence)
@@ -295,6 +313,11 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
         "calibration_file": str(args.out),
     }
     policies: dict[str, dict[str, dict[str, float]]] = {}
+    for spec in args.stop_threshold:
+        policy, name, stop = _stop_threshold(spec, after, features, args)
+        assert stop.threshold is not None  # _stop_threshold raises otherwise
+        policies.setdefault(policy, {"thresholds": {}})["thresholds"][name] = round(stop.threshold, 6)
+        report.setdefault("stop_thresholds", {})[spec] = asdict(stop)
     for spec in args.policy_threshold:
         policy, _, name = spec.partition(":")
         if not name or choice.threshold is None:
@@ -303,6 +326,34 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     args.out.write_text(yaml.safe_dump({"version": 1, "policies": policies, "report": report}, sort_keys=False))
     _print(report, args.json, console, "calibrated")
     return 0
+
+
+def _stop_threshold(
+    spec: str, probabilities: list[torch.Tensor], features: list[Features], args: argparse.Namespace
+) -> tuple[str, str, StopThreshold]:
+    """``--stop-threshold POLICY:NAME[=QUESTION][@TARGET]``: the policy, the threshold's name and what was fitted."""
+    policy_name, _, rest = spec.partition(":")
+    rest, _, target = rest.partition("@")
+    name, _, qid = rest.partition("=")
+    try:
+        target_error = float(target) if target else args.target_error
+    except ValueError:
+        raise ClefGuardError(f"--stop-threshold {spec!r}: the target after '@' must be a number") from None
+    (policy,) = load_policies(policy_name) if policy_name else (None,)
+    question = policy.questions.get(qid or name) if policy and name else None
+    if question is None or question.type != "noul":
+        raise ClefGuardError(f"--stop-threshold {spec!r}: write POLICY:NAME[=QUESTION][@TARGET] naming a yes/no question of the policy")
+    key = parse_questions({"q": question})[0].key
+    rows = [(float(p[1]), f.label == 1) for p, f in zip(probabilities, features, strict=True) if f.question == key]
+    if not rows:
+        raise ClefGuardError(f"--stop-threshold {spec!r}: no example asks {policy_name}'s question {qid or name!r}")
+    chosen = stop_threshold([p for p, _ in rows], [y for _, y in rows], target_error=target_error, confidence=args.confidence)
+    if chosen.threshold is None:
+        raise ClefGuardError(
+            f"--stop-threshold {spec!r}: {chosen.negatives} 'no' rows cannot show a false-alarm rate under "
+            f"{target_error} (the bound with none is {chosen.false_alarm_bound:.4f}); calibrate on more rows"
+        )
+    return policy_name, name, chosen
 
 
 def _question_temperatures(examples: list[Example], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:
