@@ -1,6 +1,6 @@
 """Prompt-injection screening on tool results: false alarms, misses and over-defence, side by side.
 
-    python benchmarks/injection.py [--limit N] [--engine clef-guard --engine backbone --engine sparrow] [--json]
+    python benchmarks/injection.py [--limit N] [--engine clef-guard --engine backbone --engine sparrow] [--head FILE] [--json]
 
 Every row goes through a ``Guard`` with the shipped ``prompt-injection`` policy, as an
 ``after_tool`` check of the call that returned it, so the figures are the policy's (its
@@ -59,11 +59,11 @@ def notinject_outputs() -> list[tuple[str, ToolOutput]]:
     return rows
 
 
-def _engines(names: list[str]) -> dict[str, BaseDecisionModel]:
+def _engines(names: list[str], head: str | None) -> dict[str, BaseDecisionModel]:
     engines: dict[str, BaseDecisionModel] = {}
     for name in names:
         if name == "clef-guard":
-            engines[name] = LocalDecisionModel()
+            engines[name] = LocalDecisionModel(head=head)
         elif name == "backbone":
             engines[name] = LocalDecisionModel(default_head=False)
         else:
@@ -86,7 +86,7 @@ def _check(guard: Guard, output: ToolOutput, timings: dict[str, list[float]]) ->
     return verdict.action
 
 
-def run(engine_names: list[str], limit: int | None) -> dict[str, Any]:
+def run(engine_names: list[str], limit: int | None, head: str | None = None) -> dict[str, Any]:
     rng = random.Random(0)
     rows = [output for output in tool_outputs() if output.split == "test"]
     benign = [o for o in rows if o.style is None]
@@ -98,7 +98,7 @@ def run(engine_names: list[str], limit: int | None) -> dict[str, Any]:
     results: dict[str, Any] = {"rows": {"benign": len(benign), "injected": len(injected), "notinject": len(notinject)}}
     policies = load_policies("prompt-injection")
     with Progress(console=Console(stderr=True)) as progress:
-        for name, engine in _engines(engine_names).items():
+        for name, engine in _engines(engine_names, head).items():
             guard = Guard(policies, engine=engine, timeout_s=None)
             task = progress.add_task(name, total=len(benign) + len(injected) + len(notinject))
             timings: dict[str, list[float]] = defaultdict(list)
@@ -138,9 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", action="append", choices=("clef-guard", "backbone", "sparrow"))
     parser.add_argument("--limit", type=int, default=None, help="rows per part (benign, injected, NotInject), fixed seed")
+    parser.add_argument("--head", default=None, help="a head file for the clef-guard engine (default: the shipped one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    results = run(args.engine or ["clef-guard", "backbone", "sparrow"], args.limit)
+    results = run(args.engine or ["clef-guard", "backbone", "sparrow"], args.limit, args.head)
     if args.json:
         print(json.dumps(results, indent=2))
         return

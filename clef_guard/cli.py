@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clef_guard.engine.prompt import render_question
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return training_cli.run(args, console)
         except ClefGuardError as exc:
-            Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+            Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             return 2
     if args.command == "lint":
         return _lint(args.paths, console)
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _serve(args, console) if args.command == "serve" else _explain(args, console)
     except ClefGuardError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
 
 

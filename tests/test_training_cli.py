@@ -99,4 +99,4 @@ def test_a_task_can_name_its_own_option_count(tmp_path: Path, capsys: pytest.Cap
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 4  # the same two rows, listed with 8 options and read wide
     assert main(["train", "--task", "clinc150:many", "--out", str(tmp_path / "bad")]) != 0
-    assert "NAME:K" in capsys.readouterr().err
+    assert "NAME[:K][@N]" in capsys.readouterr().err
