@@ -144,14 +144,6 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _tool_use_examples(split: str) -> list[Example]:
-    return tool_use_examples(split)  # generated, not read: see that module
-
-
-def _policy_examples(split: str) -> list[Example]:
-    return policy_examples(split)  # generated, not read: see that module
-
-
 def _banking77(root: Path, split: str) -> list[Example]:
     folder = root / "banking77"
     question = Choice(
@@ -301,8 +293,9 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "rjudge": partial(_trajectories, folder="rjudge", file="rjudge.json"),
     "metatool": _metatool,
     "injecguard": _injecguard,
-    "policies": lambda root, split: _policy_examples(split),
-    "tool-use": lambda root, split: _tool_use_examples(split),
+    # generated, not read (see their modules): the datasets folder is not theirs
+    "policies": lambda root, split: policy_examples(split),
+    "tool-use": lambda root, split: tool_use_examples(split),
     "tool-output": lambda root, split: tool_output_examples(split),
 }
 _TEST_ONLY = frozenset({"when2call"})
