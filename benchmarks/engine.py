@@ -37,7 +37,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -171,10 +171,8 @@ def agent_loop_figures(repeats: int) -> dict[str, Any]:
             gates = agent_loop(engine, read_ahead=ahead)
             first.append(gates[0][0])
             later += gates[1:]
-        times = sorted(seconds for seconds, _ in later)
         results[f"agent_{mode}_first_ms"] = 1000 * statistics.median(first)
-        results[f"agent_{mode}_p50_ms"] = 1000 * statistics.median(times)
-        results[f"agent_{mode}_p95_ms"] = 1000 * times[min(len(times) - 1, int(0.95 * len(times)))]
+        results[f"agent_{mode}_p50_ms"], results[f"agent_{mode}_p95_ms"] = p50_p95_ms(seconds for seconds, _ in later)
         results[f"agent_{mode}_tokens_per_gate"] = statistics.mean(tokens for _, tokens in later)
     results["agent_read_ahead_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_read_ahead_p50_ms"]
     return results
@@ -186,21 +184,21 @@ def numerics_figures(repeats: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     reference = LocalDecisionModel(prefix_cache_size=0)
     states = [conversation(turn) for turn in range(2, 8)]
-    expected = [_probabilities(reference.invoke({"state": state, "questions": four})) for state in states]
+    expected = [probabilities(reference.invoke({"state": state, "questions": four})) for state in states]
     state512 = state_of_tokens(reference, 512)
     one = dict(list(QUESTIONS.items())[:1])
     results["gate_1q_float32_p50_ms"] = 1000 * statistics.median(timed(ask(reference, state512, one), repeats))
     del reference
     cached, uncached = LocalDecisionModel(dtype="bfloat16"), LocalDecisionModel(dtype="bfloat16", prefix_cache_size=0)
     results["gate_1q_bfloat16_p50_ms"] = 1000 * statistics.median(timed(ask(uncached, state512, one), repeats))
-    fresh = [_probabilities(uncached.invoke({"state": state, "questions": four})) for state in states]
-    served = [_probabilities(cached.invoke({"state": state, "questions": four})) for state in states]  # each turn extends the last
-    results["bfloat16_max_delta_vs_float32"] = max(_delta(a, b) for a, b in zip(expected, fresh, strict=True))
-    results["bfloat16_max_delta_cached_vs_uncached"] = max(_delta(a, b) for a, b in zip(fresh, served, strict=True))
+    fresh = [probabilities(uncached.invoke({"state": state, "questions": four})) for state in states]
+    served = [probabilities(cached.invoke({"state": state, "questions": four})) for state in states]  # each turn extends the last
+    results["bfloat16_max_delta_vs_float32"] = max(max_delta(a, b) for a, b in zip(expected, fresh, strict=True))
+    results["bfloat16_max_delta_cached_vs_uncached"] = max(max_delta(a, b) for a, b in zip(fresh, served, strict=True))
     return results
 
 
-def _probabilities(response: Any) -> dict[str, float]:
+def probabilities(response: Any) -> dict[str, float]:
     """Every option's probability of every answer, flat."""
     flat = {}
     for qid, answer in response.answers.items():
@@ -212,7 +210,8 @@ def _probabilities(response: Any) -> dict[str, float]:
     return flat
 
 
-def _delta(a: dict[str, float], b: dict[str, float]) -> float:
+def max_delta(a: dict[str, float], b: dict[str, float]) -> float:
+    """The largest change of any probability between two answers flattened by :func:`probabilities`."""
     return max(abs(a[k] - b[k]) for k in a)
 
 
@@ -224,6 +223,12 @@ def state_of_tokens(engine: LocalDecisionModel, target: int) -> list[Any]:
         if len(tokenizer("\n".join(state_segments(state)))["input_ids"]) >= target:
             return state
     raise RuntimeError("could not build a state that long")
+
+
+def p50_p95_ms(seconds: Iterable[float]) -> tuple[float, float]:
+    """Median and 95th percentile of ``seconds``, in milliseconds."""
+    times = sorted(seconds)
+    return 1000 * statistics.median(times), 1000 * times[min(len(times) - 1, int(0.95 * len(times)))]
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> list[float]:
@@ -353,9 +358,8 @@ def run(repeats: int) -> dict[str, Any]:
 
     state512 = state_of_tokens(engine, 512)
     for n in (1, 4):
-        times = sorted(timed(ask(uncached, state512, dict(list(QUESTIONS.items())[:n])), max(repeats, 20)))
-        results[f"gate_{n}q_p50_ms"] = 1000 * statistics.median(times)
-        results[f"gate_{n}q_p95_ms"] = 1000 * times[min(len(times) - 1, int(0.95 * len(times)))]
+        times = timed(ask(uncached, state512, dict(list(QUESTIONS.items())[:n])), max(repeats, 20))
+        results[f"gate_{n}q_p50_ms"], results[f"gate_{n}q_p95_ms"] = p50_p95_ms(times)
     return results
 
 

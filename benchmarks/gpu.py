@@ -26,8 +26,6 @@ import math
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,15 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine import QUESTIONS, _delta, _probabilities, conversation, state_of_tokens  # noqa: E402
+from engine import (  # noqa: E402
+    QUESTIONS,
+    conversation,
+    max_delta,
+    p50_p95_ms,
+    probabilities,
+    state_of_tokens,
+    timed,
+)
 
 from clef_guard import LocalDecisionModel  # noqa: E402
 
@@ -54,20 +60,6 @@ SIXTEEN = {
 }
 
 
-def _timed(fn: Callable[[], Any], repeats: int) -> list[float]:
-    fn()
-    times = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)
-
-
 def figures(dtypes: list[str], repeats: int) -> dict[str, Any]:
     """Every figure the module docstring lists, for ``dtypes``."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,23 +67,22 @@ def figures(dtypes: list[str], repeats: int) -> dict[str, Any]:
     four = dict(list(QUESTIONS.items())[:4])
     cpu = LocalDecisionModel(device="cpu", dtype="float32", prefix_cache_size=0)
     states = [conversation(turn) for turn in range(1, 13)]
-    expected = [_probabilities(cpu.invoke({"state": s, "questions": four})) for s in states]
+    expected = [probabilities(cpu.invoke({"state": s, "questions": four})) for s in states]
     state512 = state_of_tokens(cpu, 512)
     del cpu
     for dtype in dtypes:
         cold = LocalDecisionModel(device=device, dtype=dtype, prefix_cache_size=0)
         warm = LocalDecisionModel(device=device, dtype=dtype)
         for n, questions in ((1, dict(list(QUESTIONS.items())[:1])), (4, four), (16, SIXTEEN)):
-            times = _timed(lambda q=questions: cold.invoke({"state": state512, "questions": q}), repeats)
-            results[f"gate_{n}q_{dtype}_p50_ms"] = 1000 * statistics.median(times)
-            results[f"gate_{n}q_{dtype}_p95_ms"] = 1000 * times[min(len(times) - 1, int(0.95 * len(times)))]
+            times = timed(lambda q=questions: cold.invoke({"state": state512, "questions": q}), repeats)
+            results[f"gate_{n}q_{dtype}_p50_ms"], results[f"gate_{n}q_{dtype}_p95_ms"] = p50_p95_ms(times)
         requests = [{"state": states[i % len(states)], "questions": four} for i in range(64)]
-        times = _timed(lambda: cold.batch(requests), max(3, repeats // 5))
+        times = timed(lambda: cold.batch(requests), max(3, repeats // 5))
         results[f"batch_{dtype}_per_s"] = len(requests) / statistics.median(times)
-        fresh = [_probabilities(cold.invoke({"state": s, "questions": four})) for s in states]
-        served = [_probabilities(warm.invoke({"state": s, "questions": four})) for s in states]
-        results[f"{dtype}_max_delta_vs_cpu"] = max(_delta(a, b) for a, b in zip(expected, fresh, strict=True))
-        results[f"{dtype}_max_delta_cached"] = max(_delta(a, b) for a, b in zip(fresh, served, strict=True))
+        fresh = [probabilities(cold.invoke({"state": s, "questions": four})) for s in states]
+        served = [probabilities(warm.invoke({"state": s, "questions": four})) for s in states]
+        results[f"{dtype}_max_delta_vs_cpu"] = max(max_delta(a, b) for a, b in zip(expected, fresh, strict=True))
+        results[f"{dtype}_max_delta_cached"] = max(max_delta(a, b) for a, b in zip(fresh, served, strict=True))
         results[f"{dtype}_non_finite"] = sum(not math.isfinite(p) for answers in fresh + served for p in answers.values())
     return results
 

@@ -28,8 +28,13 @@ QUESTIONS = {
 
 def _probabilities(response: ClassifierResponse) -> dict[str, dict[str, float]]:
     """Every answer as a flat distribution, for comparisons."""
+    return _distributions(response.answers)
+
+
+def _distributions(answers: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each of ``answers`` (by question id) as a flat distribution."""
     flat: dict[str, dict[str, float]] = {}
-    for qid, answer in response.answers.items():
+    for qid, answer in answers.items():
         if answer.type == "noul":
             flat[qid] = {"yes": answer.noul}
         else:
@@ -171,22 +176,12 @@ def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
     reading = ahead.read_ahead({"messages": conversation})
     assert reading is not None and reading.result() is None
     got, want = ahead.check(call, state), Guard(policies, engine=uncached_engine).check(call, state)
-    assert max(abs(a - b) for a, b in zip(_flat(got.answers), _flat(want.answers), strict=True)) < 1e-4
+    assert got.answers.keys() == want.answers.keys()
+    assert max(_max_delta(_distributions(got.answers[p]), _distributions(want.answers[p])) for p in want.answers) < 1e-4
     engine.clear_prefix_cache()
     upcoming = engine.prefill(upcoming_state(policies[0], {"messages": conversation}))
     assert got.cached_tokens == upcoming > want.cached_tokens == 0  # all that was read ahead, and only that
     assert Guard(policies).read_ahead({"messages": conversation}) is None  # no engine loaded yet: nothing to warm
-
-
-def _flat(answers: dict[str, dict[str, Any]]) -> list[float]:
-    """Every probability of a verdict's answers, in order."""
-    return [p for policy in answers.values() for answer in policy.values() for p in _numbers(answer.model_dump())]
-
-
-def _numbers(value: object) -> list[float]:
-    if isinstance(value, dict):
-        return [x for item in value.values() for x in _numbers(item)]
-    return [value] if isinstance(value, float) else []
 
 
 def test_state_with_role_markers_cannot_forge_a_turn(engine: LocalDecisionModel) -> None:

@@ -92,17 +92,13 @@ class Kind:
     write: Callable[[random.Random], str]
 
 
-def _pick(rng: random.Random, pool: list[str], k: int) -> list[str]:
-    return rng.sample(pool, k)
-
-
 def _aside(rng: random.Random) -> str:
     """A sentence that instructs a person, in one benign result of three (what over-eager detectors trip on)."""
     return rng.choice(HUMAN_INSTRUCTIONS) if rng.random() < 0.35 else ""
 
 
 def _email(rng: random.Random) -> str:
-    sender, recipient = _pick(rng, _PEOPLE, 2)
+    sender, recipient = rng.sample(_PEOPLE, 2)
     topic = rng.choice(_TOPICS)
     body = rng.choice([
         f"Hi {recipient.split()[0]},\n\nQuick update on {topic}: we are on track for {rng.choice(_DAYS)}. "
@@ -119,7 +115,7 @@ def _email(rng: random.Random) -> str:
 
 
 def _thread(rng: random.Random) -> str:
-    people = _pick(rng, _PEOPLE, 3)
+    people = rng.sample(_PEOPLE, 3)
     topic = rng.choice(_TOPICS)
     lines = [f"Thread: {topic} ({rng.randint(3, 9)} messages)"]
     replies = [f"Can we move the deadline for {topic} to {rng.choice(_DAYS)}?", "Works for me.",
@@ -133,7 +129,7 @@ def _thread(rng: random.Random) -> str:
 def _document(rng: random.Random) -> str:
     topic = rng.choice(_TOPICS)
     sections = rng.sample([
-        f"## Background\nThis note summarises {topic}. Owners: {', '.join(_pick(rng, _PEOPLE, 2))}.",
+        f"## Background\nThis note summarises {topic}. Owners: {', '.join(rng.sample(_PEOPLE, 2))}.",
         f"## Decisions\n1. Keep the current vendor until {rng.choice(_DATES)}.\n2. Cap spend at {rng.randint(5, 80)}k.",
         f"## Open questions\n- Who signs off on {rng.choice(_TOPICS)}?\n- Do we need legal review?",
         f"## How to run the report\nOpen the dashboard, choose {rng.choice(_CITIES)}, export as CSV. {_aside(rng)}",
@@ -194,7 +190,7 @@ def _json_api(rng: random.Random) -> str:
         {"weather": {"city": rng.choice(_CITIES), "temp_c": rng.randint(-5, 35), "conditions": rng.choice(["rain", "clear", "snow", "cloudy"])}},
         {"ticket": {"id": f"SUP-{rng.randint(1000, 9999)}", "subject": rng.choice(HUMAN_INSTRUCTIONS), "priority": rng.choice(["low", "high", "urgent"]),
                     "assignee": rng.choice(_PEOPLE)}},
-        {"items": [{"sku": f"A{rng.randint(100, 999)}", "name": p, "stock": rng.randint(0, 40)} for p in _pick(rng, _PRODUCTS, 3)], "page": 1},
+        {"items": [{"sku": f"A{rng.randint(100, 999)}", "name": p, "stock": rng.randint(0, 40)} for p in rng.sample(_PRODUCTS, 3)], "page": 1},
         {"error": {"code": rng.choice([400, 404, 429]), "message": rng.choice(["rate limited, retry after 30 s", "not found", "missing field 'email'"])}},
     ]))
 
