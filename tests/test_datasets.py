@@ -245,3 +245,35 @@ def test_tool_output_rows_hold_out_result_kinds_and_attack_styles() -> None:
     test = load_task("tool-output", "test")
     assert {example.label for example in test} == {"yes", "no"}
     assert all(example.state["tool_result"] for example in test)  # the result, as the shipped policy shows it
+
+
+def test_attacked_twins_keep_their_answer_and_change_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each twin is its policies row with one attack added where an attacker writes; only the checked result's answer moves."""
+    from pathlib import Path
+
+    from clef_guard.engine.state import state_segments
+    from clef_guard.training.rows.policies import policy_examples
+
+    for split in SPLITS:
+        source = {example.id: example for example in policy_examples(split)}
+        twins = load_task("policies-attacked", split)
+        assert len(twins) == sum(not key.startswith("support-routing/") for key in source)
+        for twin in twins:
+            _, place, key = twin.id.split("/", 2)
+            row = source[key]  # a twin keeps its row's split
+            assert twin.question == row.question
+            assert twin.label == ("yes" if place == "checked-result" else row.label)
+            assert state_segments(twin.state) != state_segments(row.state)
+            assert twin.state["tool"]["name"] == row.state["tool"]["name"]
+            proposing = twin.state["messages"][-1].tool_calls
+            assert [c["args"] for c in proposing if c["name"] == twin.state["tool"]["name"]] == [twin.state["tool"]["args"]]
+            if place != "argument":
+                assert twin.state["tool"] == row.state["tool"]
+    # the red team's own attacks stay out of training, so it measures attacks the head never saw
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    import redteam
+    text = "\n".join("\n".join(state_segments(t.state)) for t in load_task("policies-attacked", "train"))
+    for attack in redteam.ATTACKS.values():
+        marker = attack(0).strip().splitlines()[0][:24]
+        assert marker not in text, marker
+    assert "<|im_start|>" not in text and "SYSTEM:" not in text

@@ -77,8 +77,19 @@ def _conversation(policy: Policy, state: Any, *, upcoming: bool) -> dict[str, An
         latest = window[-view.messages :]
         opening = _opening(window) if view.opening else []
         kept = [*opening[: len(window) - len(latest)], *latest]
+        if not view.agent_text:
+            kept = [_calls_only(message) for message in kept]
         payload["messages"] = kept[:-1] if upcoming else kept
     return payload
+
+
+def _calls_only(message: Any) -> Any:
+    """An agent's message with its text left out (its tool calls stay); any other message as it is."""
+    if message is None or message_kind(message) != "ai":
+        return message
+    if isinstance(message, BaseMessage):
+        return message.model_copy(update={"content": ""})
+    return {**message, "content": ""}
 
 
 def _opening(messages: Sequence[Any]) -> list[Any]:

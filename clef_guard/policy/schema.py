@@ -49,6 +49,10 @@ class StateView(_Strict):
     """Also include the conversation's opening when the latest messages leave it out: its
     leading system turns and first user turn, which say whom the agent serves and what it
     was asked (a ``requested`` question cannot be answered without them)."""
+    agent_text: bool = False
+    """Show what the agent's model wrote besides its tool calls. Off by default: the agent's
+    own prose is no evidence of what the user asked or what a call does, and whoever steers
+    that model (an injected page, a compromised model) writes it."""
     fields: list[str] = Field(default_factory=list)
     """Top-level state keys to include besides the messages."""
     tool_result: bool = False

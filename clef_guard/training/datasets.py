@@ -22,6 +22,9 @@ injecguard   Noul: is there a prompt injection?    seeded 70%        seeded 10% 
 tool-output  the prompt-injection policy's         8 result kinds,   2 kinds,      4 kinds,
              question on generated tool results    4 attack styles   1 style       3 styles
              (``training.rows.tool_outputs``)
+policies-    the policies rows with an attacker's  the twins of the  of its dev    of its test
+attacked     text added, same answers              policies train    rows          rows
+             (``training.rows.attacked``)          rows
 ===========  ====================================  ================  ============  ============
 
 "Seeded" splits shuffle the examples with a generator seeded by the task name, so they
@@ -60,6 +63,7 @@ from langchain_core.decisions import Choice, Noul, NoulCriteria
 
 from clef_guard.errors import ClefGuardError
 from clef_guard.training.examples import WHEN_TO_CALL, Example, sample, seeded_split
+from clef_guard.training.rows.attacked import attacked_examples
 from clef_guard.training.rows.policies import policy_examples
 from clef_guard.training.rows.tool_outputs import tool_output_examples
 from clef_guard.training.rows.tool_use import tool_use_examples
@@ -297,6 +301,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "policies": lambda root, split: policy_examples(split),
     "tool-use": lambda root, split: tool_use_examples(split),
     "tool-output": lambda root, split: tool_output_examples(split),
+    "policies-attacked": lambda root, split: attacked_examples(split),
 }
 _TEST_ONLY = frozenset({"when2call"})
 
