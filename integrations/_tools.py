@@ -190,8 +190,8 @@ class ToolGate:
         decision = interrupt(self.review_request(call, verdict, state), response_schema=self._schema)
         if self.review_log is not None:
             policy = next(p for p in self.guard.policies if p.name == verdict.policy)
-            seen = engine_state(policy, normalise_call(call), state, description) if self.review_log.record_states else None
-            self.review_log.record(verdict, decision, questions=policy.questions, state=seen, thread=thread)
+            seen = engine_state(policy, normalise_call(call), state, description) if self.review_log.reads_state else None
+            self.review_log.record(verdict, decision, questions=policy.questions, state=seen, thread=thread, engine=self.guard.engine)
         if decision["type"] == "approve":
             return call
         if decision["type"] == "edit":

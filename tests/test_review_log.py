@@ -6,24 +6,29 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
 from clef_guard.integrations.langchain import GuardMiddleware
 from clef_guard.integrations.testing import ScriptedChatModel
 from langchain.agents import create_agent
+from langchain_core.decisions import BaseDecisionModel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from model import ScriptedDecisionModel
 from test_langchain_middleware import POLICY, _tools
 
-from clef_guard import Guard, parse_policy
+from clef_guard import Guard, LocalDecisionModel, parse_policy
 from clef_guard.cli import main
+from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
+from clef_guard.engine.tree import OptionFeatures
 from clef_guard.telemetry.reviews import ReviewLog
 
 CALLS = [[("write_note", {"name": "ask-1.txt", "text": "a"})], [("write_note", {"name": "ask-2.txt", "text": "b"})]]
 
 
-def _reviewed(folder: Path, log: ReviewLog, answers: list[dict[str, Any]]) -> None:
-    guard = Guard([parse_policy(POLICY)], engine=ScriptedDecisionModel(script={"delete": 0.3}), human_review=True)
+def _reviewed(folder: Path, log: ReviewLog, answers: list[dict[str, Any]], engine: BaseDecisionModel | None = None) -> None:
+    guard = Guard([parse_policy(POLICY)], engine=engine or ScriptedDecisionModel(script={"delete": 0.3}), human_review=True)
     agent = create_agent(ScriptedChatModel(turns=CALLS), _tools(folder), middleware=[GuardMiddleware(guard, review_log=log)],
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "review"}}
@@ -63,3 +68,36 @@ def test_rows_with_states_train_a_head_and_a_replayed_review_is_written_once(tmp
     command = ["train", "--data", str(log), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json"]
     assert main([*command, "--features", str(tmp_path / "cache")]) == 0
     assert json.loads((out / "train_report.json").read_text())["n"] == 2  # should_run of each row; the replayed row once
+
+
+def test_features_are_what_the_backbone_read_and_train_a_head_without_any_state(
+    tmp_path: Path, engine: LocalDecisionModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With record_features the log keeps the backbone's reading instead of the text: a warm start reads no backbone."""
+    both, alone = tmp_path / "both.jsonl", tmp_path / "features.jsonl"
+    answers = [{"type": "approve", "corrections": {"destructive": False}}, {"type": "reject"}]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    _reviewed(tmp_path / "a", ReviewLog(both, record_states=True, record_features=True), answers, engine)
+    _reviewed(tmp_path / "b", ReviewLog(alone, record_features=True), answers, engine)
+    rows = [json.loads(line) for line in both.read_text().splitlines()]
+    for row in rows:
+        assert row["features"]["backbone"] == engine.feature_key and set(row["features"]["questions"]) == set(row["questions"])
+        for question in parse_questions(row["questions"]):
+            logged = OptionFeatures.from_record(row["features"]["questions"][question.id], question)
+            (read,) = engine.encode(row["state"], [question]).features
+            assert logged.reading == read.reading
+            assert torch.allclose(logged.hidden, read.hidden, rtol=2e-3, atol=2e-2)  # float16, as training caches them
+            assert torch.allclose(logged.lm_logprob, read.lm_logprob, atol=1e-4)
+    featured = [json.loads(line) for line in alone.read_text().splitlines()]
+    assert all("state" not in row and "features" in row for row in featured)
+    out, cache = tmp_path / "head", tmp_path / "cache"
+    command = ["train", "--data", str(alone), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json"]
+    assert main([*command, "--features", str(cache)]) == 0
+    report = json.loads((out / "train_report.json").read_text())
+    assert (report["n"], report["read_with_the_backbone"]) == (3, 0)  # should_run twice, the correction once
+    assert not cache.exists()  # nothing was read with the backbone
+    for row in featured:  # another backbone's features are not this one's: without a state, nothing to learn from
+        row["features"]["backbone"] = "another"
+    alone.write_text("".join(json.dumps(row) + "\n" for row in featured))
+    assert main([*command, "--features", str(cache)]) != 0
+    assert "no examples" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from clef_guard.engine.head import READINGS
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.examples import Example
-from clef_guard.training.features import Features, extract_features
+from clef_guard.training.features import Features, extract_features, load_replay, replay_path, save_replay
 from clef_guard.training.fit import (
     TrainConfig,
     calibrate_head,
@@ -172,6 +172,28 @@ def test_an_anchored_warm_start_stays_nearer_the_head_it_started_from(engine: Lo
         return float((head.proj.weight[noul] - shipped.proj.weight[noul]).detach().norm())
 
     assert moved(10.0) < 0.5 * moved(0.0)
+
+
+def test_a_head_s_replay_sample_keeps_every_question_and_reads_back_exactly(toy: tuple[list, list], tmp_path: Path) -> None:
+    """A warm start replays the rows a head kept of its training, without their datasets or the backbone."""
+    train, _ = toy
+    other = [Features(f.reading, f.hidden, f.lm_logprob, 1 - f.label, None, "another question") for f in train[:3]]
+    path = replay_path(tmp_path / "decision_head.safetensors")
+    assert path.name == "decision_head.replay.safetensors"
+    assert save_replay(train + other, path, rows=8) == 8
+    kept = load_replay(path)
+    assert sum(f.question == "another question" for f in kept) == 3  # each question in turn: the small one is kept whole
+    assert len({f.question for f in kept[:2]}) == 2  # a prefix of the sample is balanced too (--replay N reads one)
+    originals = {(f.question, f.label, f.lm_logprob.tolist()[0]): f for f in train + other}
+    for f in kept:
+        source = originals[(f.question, f.label, f.lm_logprob.tolist()[0])]
+        assert f.reading == source.reading and torch.equal(f.lm_logprob, source.lm_logprob)
+        assert torch.equal(f.hidden, source.hidden.to(torch.float16).float())
+    save_replay(train, path, rows=8)
+    written = path.read_bytes()
+    save_replay(train, path, rows=8)
+    assert path.read_bytes() == written  # a rebuilt head's sample is the same bytes
+    assert load_replay(tmp_path / "missing.safetensors") == []
 
 
 def test_feature_cache_is_reused(engine: LocalDecisionModel, tmp_path: Path) -> None:

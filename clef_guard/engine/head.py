@@ -74,8 +74,8 @@ def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
     return unit(query - center, dim=-1) @ unit(options - center, dim=-1).T
 
 
-def _sorted_header(blob: bytes) -> bytes:
-    """A safetensors file with its header's keys sorted, so that equal heads are equal bytes.
+def sorted_header(blob: bytes) -> bytes:
+    """A safetensors file with its header's keys sorted, so that equal contents are equal bytes.
 
     The writer orders the metadata by hash, differently from run to run; sorting moves no
     tensor (each names its own offsets) and keeps the header's length.
@@ -153,7 +153,7 @@ class DecisionHead(nn.Module):
         metadata = {"format": _FORMAT, "hidden_size": str(self.hidden_size)}
         if self.question_temperatures:
             metadata["question_temperatures"] = json.dumps(self.question_temperatures, sort_keys=True)
-        Path(path).write_bytes(_sorted_header(save(tensors, metadata=metadata)))
+        Path(path).write_bytes(sorted_header(save(tensors, metadata=metadata)))
 
     @classmethod
     def load(cls, path: str | Path, hidden_size: int) -> DecisionHead:

@@ -25,8 +25,10 @@ no head was trained on are still matched (see :data:`~clef_guard.engine.head.WID
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,28 @@ class LocalDecisionModel(BaseDecisionModel):
         with self._lock, torch.inference_mode():
             _, cached = self._prefill(prefix)
         return len(prefix) - cached
+
+    @property
+    def feature_key(self) -> str:
+        """Names what this engine's features are read by (backbone, adapter, layout, numerics): features
+        under one key train heads for every engine with that key."""
+        adapter = None
+        if self.adapter is not None:  # by content: retraining into the same folder must not reuse features
+            weights = Path(self.adapter) / "adapter_model.safetensors"
+            adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else self.adapter
+        identity: dict[str, Any] = {"model": self.model, "adapter": adapter, "layout": 2}
+        if self._backbone.numerics != "float32":  # float32 features keep the key they had before other numerics
+            identity["numerics"] = self._backbone.numerics
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+    def feature_record(self, state: State, questions: Mapping[str, Question]) -> dict[str, Any]:
+        """What the backbone reads of ``state`` for each of ``questions``, as JSON a head trains on without the
+        state (``{"backbone": feature_key, "questions": {id: OptionFeatures.to_record()}}``).
+
+        The review log writes it; a state the engine just read costs only the questions' branches.
+        """
+        encoded = self.encode(state, parse_questions(dict(questions)))
+        return {"backbone": self.feature_key, "questions": {f.question.id: f.to_record() for f in encoded.features}}
 
     def reading(self, question: ParsedQuestion) -> str:
         """How ``question`` is read: its kind, or ``"wide"`` for a choice with many options."""

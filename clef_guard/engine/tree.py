@@ -8,8 +8,10 @@ and one forward pass scores every option of every question.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import base64
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +38,34 @@ class OptionFeatures:
     """``[hidden_size]``: hidden state of the question's last token, where the answer starts
     (it has read the state and the question, but no option); from the penultimate layer
     for a wide choice."""
+
+    def to_record(self) -> dict[str, Any]:
+        """These features as JSON (vectors as float16 in base64): what a head trains on, without the state."""
+        return {
+            "reading": self.reading,
+            "hidden": _packed(self.hidden),
+            "lm_logprob": [float(x) for x in self.lm_logprob.float().cpu()],
+            "query": _packed(self.query),
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], question: ParsedQuestion) -> OptionFeatures:
+        """The features :meth:`to_record` wrote for ``question``; a ``ValueError`` when they do not fit it."""
+        hidden, query = _unpacked(record["hidden"]), _unpacked(record["query"])
+        lm_logprob = torch.tensor(record["lm_logprob"], dtype=torch.float32)
+        if hidden.shape[0] != len(question.options) or lm_logprob.shape != (len(question.options),):
+            raise ValueError(f"features of {hidden.shape[0]} options for a question with {len(question.options)}")
+        return cls(question, str(record["reading"]), hidden, lm_logprob, query)
+
+
+def _packed(tensor: torch.Tensor) -> dict[str, Any]:
+    data = tensor.detach().to(torch.float16).cpu().contiguous().numpy().tobytes()
+    return {"shape": list(tensor.shape), "float16": base64.b64encode(data).decode("ascii")}
+
+
+def _unpacked(packed: Mapping[str, Any]) -> torch.Tensor:
+    flat = torch.frombuffer(bytearray(base64.b64decode(packed["float16"], validate=True)), dtype=torch.float16)
+    return flat.reshape([int(n) for n in packed["shape"]]).float()
 
 
 @dataclass(frozen=True)

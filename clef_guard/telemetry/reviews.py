@@ -5,15 +5,19 @@ Each row is one reviewed verdict, written as ``clef-guard train --data`` and ``c
 
     {"id", "time", "thread", "tool", "policy", "rule", "action", "decision",
      "answers": {qid: the engine's answer}, "questions": {qid: question}, "labels": {qid: label},
-     "state": what the engine read (only with record_states=True)}
+     "state": what the engine read (only with record_states=True),
+     "features": what the backbone read of it, per question (only with record_features=True)}
 
 How an answer becomes labels: every row asks :data:`SHOULD_RUN` of the call, labelled
 ``yes`` when the reviewer approved it unchanged and ``no`` when they edited, rejected or
 answered in its place. A reviewer may also correct the policy's own questions in the
 resume payload (``{"type": "approve", "corrections": {"requested": true}}``); those
 become labels of the deciding policy's questions. Nothing else is guessed from the rule
-that fired. States hold private data, so they are written only when asked for; rows
-without a state are a record of reviews, and training skips them.
+that fired. States hold private data, so they are written only when asked for. Features
+(``record_features=True``, a local engine) are the backbone's reading of the state for each
+question: vectors, not text, and all a head trains on, so a warm start from them reads no
+backbone, and a log kept without states still teaches a head. Rows with neither are a
+record of reviews, and training skips them.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.decisions import Noul
 
+from clef_guard.engine.local import LocalDecisionModel
 from clef_guard.engine.state import jsonable, to_json
 
 if TYPE_CHECKING:
+    from langchain_core.decisions import BaseDecisionModel
+
     from clef_guard.gate.verdict import Verdict
 
 SHOULD_RUN = Noul(instructions="Should this tool call run without asking a person first?")
@@ -41,25 +48,44 @@ SHOULD_RUN = Noul(instructions="Should this tool call run without asking a perso
 class ReviewLog:
     """Appends reviewed verdicts to a JSONL file, one row per review (a replayed resume is written once)."""
 
-    def __init__(self, path: str | Path, *, record_states: bool = False) -> None:
+    def __init__(self, path: str | Path, *, record_states: bool = False, record_features: bool = False) -> None:
         self.path = Path(path)
         self.record_states = record_states
+        self.record_features = record_features
         self._lock = threading.Lock()
         self._written: set[str] = set()
 
+    @property
+    def reads_state(self) -> bool:
+        """Whether a row needs the state the engine read (to write it, or its features)."""
+        return self.record_states or self.record_features
+
     def record(
-        self, verdict: Verdict, decision: Mapping[str, Any], *, questions: Mapping[str, Any], state: Any = None, thread: str = ""
+        self,
+        verdict: Verdict,
+        decision: Mapping[str, Any],
+        *,
+        questions: Mapping[str, Any],
+        state: Any = None,
+        thread: str = "",
+        engine: BaseDecisionModel | None = None,
     ) -> dict[str, Any] | None:
         """Write the row of ``verdict`` answered by ``decision``.
 
-        ``questions`` are the deciding policy's, ``state`` what the engine read for it.
+        ``questions`` are the deciding policy's, ``state`` what the engine read for it, and
+        ``engine`` the guard's (a :class:`LocalDecisionModel` reads the features; another
+        engine's rows have none). A failure to read them leaves them out and names its kind
+        in ``features_error``: the reviewer's answer is written all the same.
 
         Returns the row, or ``None`` when this review was already written (a node re-run on resume).
         """
-        deciding = next((d for d in verdict.decisions if d.policy == verdict.policy), None)
         kind = str(decision.get("type"))
         key = to_json([thread, verdict.tool_call.get("id"), verdict.tool_call.get("args"), verdict.policy, kind])
         row_id = hashlib.sha256(key.encode()).hexdigest()[:16]
+        with self._lock:
+            if row_id in self._written:
+                return None
+        deciding = next((d for d in verdict.decisions if d.policy == verdict.policy), None)
         corrections = decision.get("corrections") or {}
         answers = dict(deciding.answers) if deciding else {}
         row: dict[str, Any] = {
@@ -80,6 +106,11 @@ class ReviewLog:
         }
         if self.record_states:
             row["state"] = jsonable(state)
+        if self.record_features and state is not None and isinstance(engine, LocalDecisionModel):
+            try:
+                row["features"] = engine.feature_record(state, {"should_run": SHOULD_RUN, **questions})
+            except Exception as exc:  # the review stands without them
+                row["features_error"] = type(exc).__name__
         with self._lock:
             if row_id in self._written:
                 return None

@@ -7,13 +7,13 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from langchain_core.decisions import BaseDecisionModel
+from langchain_core.decisions import BaseDecisionModel, Question
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -28,6 +28,7 @@ from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
 from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.tree import OptionFeatures
 from clef_guard.errors import ClefGuardError
 from clef_guard.policy.load import load_policies
 from clef_guard.training.calibrate import (
@@ -40,7 +41,14 @@ from clef_guard.training.calibrate import (
 from clef_guard.training.datasets import load_task, sample_options
 from clef_guard.training.evaluate import SparrowDecisionModel, evaluate, question_text
 from clef_guard.training.examples import Example, sample
-from clef_guard.training.features import Features, extract_features
+from clef_guard.training.features import (
+    REPLAY_ROWS,
+    Features,
+    extract_features,
+    load_replay,
+    replay_path,
+    save_replay,
+)
 from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head
 from clef_guard.training.lora import AdapterConfig, train_adapter
 
@@ -76,9 +84,14 @@ def add_commands(commands: Any) -> None:
         help="warm-start from this head ('default': the shipped one); readings the rows never ask keep its weights",
     )
     train.add_argument(
+        "--replay", type=int, default=REPLAY_ROWS, metavar="N",
+        help="with --init-head: also train on N rows of the sample of its own training rows that it carries "
+        f"(its .replay.safetensors file), so old tasks are kept (default {REPLAY_ROWS}; 0: none)",
+    )
+    train.add_argument(
         "--anchor", type=float, default=None,
-        help="with --init-head: weight of an L2 pull towards its weights (the other way to keep old tasks is to "
-        "add a --task sample of them, a replay)",
+        help="with --init-head: weight of an L2 pull towards its weights (the other way to keep old tasks; "
+        "replaying its rows keeps them better)",
     )
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
@@ -148,8 +161,19 @@ def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionM
     return LocalDecisionModel(**{k: v for k, v in options.items() if v})
 
 
-def _examples(args: argparse.Namespace) -> list[Example]:
-    parts = []
+@dataclass(frozen=True)
+class _Labeled:
+    """What ``train`` and ``calibrate`` learn from: one question, its answer and what the backbone read, per row."""
+
+    questions: list[Question]
+    features: list[Features]
+    examples: list[Example]
+    """The rows read with the backbone here (the others came with their features, from a review log)."""
+
+
+def _examples(args: argparse.Namespace, feature_key: str | None = None) -> tuple[list[Example], list[tuple[Question, Features]]]:
+    """The rows of ``--task`` and ``--data``: examples to read, and review rows whose features ``feature_key`` read already."""
+    parts, read = [], []
     for spec in args.task:  # NAME, NAME:K to ask its choices with K options (else --options), @N: N rows (else --limit)
         head, _, limit = spec.partition("@")
         task, _, options = head.partition(":")
@@ -157,22 +181,28 @@ def _examples(args: argparse.Namespace) -> list[Example]:
             raise ClefGuardError(f"--task {spec!r}: write NAME[:K][@N] with K a number of options and N of rows")
         rows = load_task(task, args.split, limit=int(limit) if limit else args.limit, seed=args.seed)
         parts.append((rows, int(options or 0) or args.options))
-    parts += [(_jsonl_examples(file), args.options) for file in args.data]
+    for file in args.data:
+        examples, done = _jsonl_rows(file, feature_key)
+        parts.append((examples, args.options))
+        read += done
     examples = [e for rows, count in parts for e in (sample_options(rows, count, seed=args.seed) if count else rows)]
-    if not examples:
+    if not examples and not read:
         raise ClefGuardError("no examples: give --task NAME or --data FILE.jsonl")
-    return examples
+    return examples, read
 
 
-def _jsonl_examples(path: Path) -> list[Example]:
-    """Labeled rows of a JSONL file; a review log's rows without a state, or written twice (same ``id``), are skipped."""
-    examples, seen = [], set()
+def _jsonl_rows(path: Path, feature_key: str | None) -> tuple[list[Example], list[tuple[Question, Features]]]:
+    """Labeled rows of a JSONL file, as examples (with a state) and as features (a review log's, read by
+    ``feature_key``'s backbone: no state needed). A row with neither, or written twice (same ``id``), is skipped."""
+    examples, read, seen = [], [], set()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            if "id" in row and ("state" not in row or row["id"] in seen):
+            recorded = row.get("features") if feature_key else None
+            recorded = recorded["questions"] if isinstance(recorded, dict) and recorded.get("backbone") == feature_key else {}
+            if "id" in row and (("state" not in row and not recorded) or row["id"] in seen):
                 continue
             seen.add(row.get("id"))
             parsed = {p.id: p for p in parse_questions(row["questions"])}
@@ -181,20 +211,27 @@ def _jsonl_examples(path: Path) -> list[Example]:
                 label = {"true": "yes", "false": "no"}.get(label, label) if parsed[qid].kind == "noul" else label
                 if label not in parsed[qid].options:
                     raise ValueError(f"label {label!r} of question {qid!r} is not one of its options")
-                examples.append(Example(f"{path.name}:{number}:{qid}", row["state"], parsed[qid].source, label))
+                if qid in recorded:
+                    features = Features.labeled(OptionFeatures.from_record(recorded[qid], parsed[qid]), label)
+                    read.append((parsed[qid].source, features))
+                elif "state" in row:
+                    examples.append(Example(f"{path.name}:{number}:{qid}", row["state"], parsed[qid].source, label))
         except (KeyError, ValueError, TypeError) as exc:
             raise ClefGuardError(f"{path}:{number}: {exc} (rows are {{state, questions, labels}})") from None
-    return examples
+    return examples, read
 
 
-def _features(
-    args: argparse.Namespace, engine: LocalDecisionModel, examples: list[Example], console: Console, what: str
-) -> list[Features]:
+def _labeled(args: argparse.Namespace, engine: LocalDecisionModel, console: Console, what: str) -> _Labeled:
+    """Every row's features: read with the backbone where no review log brought them."""
+    examples, read = _examples(args, engine.feature_key)
     with _progress(console, args.json) as progress:
         bar = progress.add_task(what, total=len(examples))
-        return extract_features(
+        features = extract_features(
             engine, examples, cache=args.features, on_progress=lambda done, total: progress.update(bar, completed=done)
         )
+    return _Labeled(
+        [e.question for e in examples] + [q for q, _ in read], features + [f for _, f in read], examples
+    )
 
 
 def _train(args: argparse.Namespace, console: Console) -> int:
@@ -202,8 +239,11 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
     started = time.perf_counter()
     engine = _engine(args)
-    examples = _examples(args)
-    features = _features(args, engine, examples, console, "reading examples with the backbone")
+    labeled = _labeled(args, engine, console, "reading examples with the backbone")
+    replayed = _replayed(args)
+    features = labeled.features + replayed
+    if args.lora_layers and len(labeled.examples) < len(features):
+        raise ClefGuardError("--lora-layers trains on states: review rows that bring only their features cannot train an adapter")
     feature_s = time.perf_counter() - started
     overrides = {
         "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight,
@@ -218,6 +258,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
+    kept = save_replay(features, replay_path(args.out / HEAD_FILE))
     report = {
         "backbone": engine.model,
         "adapter": engine.adapter,
@@ -225,7 +266,10 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         "data": [str(d) for d in args.data],
         "split": args.split,
         "options": args.options,
-        "n": len(examples),
+        "n": len(labeled.features),
+        "read_with_the_backbone": len(labeled.examples),
+        "replayed": len(replayed),
+        "replay_kept": kept,
         "config": asdict(config),
         "loss_first_epoch": history[0],
         "loss_last_epoch": history[-1],
@@ -235,17 +279,33 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         "head": str(args.out / HEAD_FILE),
     }
     if args.lora_layers:
-        report["lora"] = _train_lora(args, console, engine, examples, head, config)
+        report["lora"] = _train_lora(args, console, engine, labeled.examples, head, config)
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2))
     _print(report, args.json, console, "trained")
     return 0
 
 
-def _init_head(args: argparse.Namespace, engine: LocalDecisionModel) -> DecisionHead | None:
+def _init_path(args: argparse.Namespace) -> Path | None:
     if args.init_head is None:
         return None
-    path = DEFAULT_HEAD if args.init_head == "default" else Path(args.init_head)
-    return DecisionHead.load(path, engine.backbone.hidden_size)
+    return DEFAULT_HEAD if args.init_head == "default" else Path(args.init_head)
+
+
+def _init_head(args: argparse.Namespace, engine: LocalDecisionModel) -> DecisionHead | None:
+    path = _init_path(args)
+    return None if path is None else DecisionHead.load(path, engine.backbone.hidden_size)
+
+
+def _replayed(args: argparse.Namespace) -> list[Features]:
+    """``--replay`` rows of the sample the ``--init-head`` head carries (none without one)."""
+    path = _init_path(args)
+    if path is None or args.replay <= 0:
+        return []
+    try:
+        rows = load_replay(replay_path(path))
+    except ValueError as exc:
+        raise ClefGuardError(str(exc)) from None
+    return rows[: args.replay]
 
 
 def _train_lora(
@@ -274,8 +334,8 @@ def _train_lora(
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     engine = _engine(args, str(args.head))
     head = DecisionHead.load(args.head, engine.backbone.hidden_size)
-    examples = _examples(args)
-    features = _features(args, engine, examples, console, "reading the calibration split")
+    labeled = _labeled(args, engine, console, "reading the calibration split")
+    features = labeled.features
     if args.keep_temperatures:
         before = after = predict(head, features)
         temperatures: dict[str, float] = {}
@@ -296,7 +356,7 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
         "split": args.split,
         "n": len(features),
         "temperatures": {name: t for name, t in temperatures.items() if name in READINGS},
-        "question_temperatures": _question_temperatures(examples, features, temperatures),
+        "question_temperatures": _question_temperatures(labeled.questions, features, temperatures),
         "before": _quality(before, features),
         "after": _quality(after, features),
         "threshold": {
@@ -356,12 +416,12 @@ def _stop_threshold(
     return policy_name, name, chosen
 
 
-def _question_temperatures(examples: list[Example], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:
+def _question_temperatures(questions: list[Question], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:
     """Each question fitted on its own: its key, instructions (shortened), examples and temperature."""
     asked: dict[str, tuple[str, int]] = {}
-    for example, f in zip(examples, features, strict=True):
+    for question, f in zip(questions, features, strict=True):
         if f.question in temperatures:
-            text, n = asked.get(f.question, (question_text(example), 0))
+            text, n = asked.get(f.question, (question_text(question), 0))
             asked[f.question] = (text, n + 1)
     return [{"key": key, "question": text, "n": n, "temperature": temperatures[key]} for key, (text, n) in asked.items()]
 
@@ -372,7 +432,7 @@ def _eval_examples(args: argparse.Namespace) -> tuple[str, list[Example]]:
         raise ClefGuardError("eval reads one source: give --task NAME or --data FILE.jsonl (repeatable), not both")
     if args.task:
         return args.task, load_task(args.task, args.split, limit=args.limit, seed=args.seed)
-    examples = [example for file in args.data for example in _jsonl_examples(file)]
+    examples = [example for file in args.data for example in _jsonl_rows(file, None)[0]]
     if not examples:
         raise ClefGuardError(f"no labeled rows in {', '.join(map(str, args.data))}")
     return ", ".join(file.name for file in args.data), sample(examples, args.limit, args.seed)

@@ -65,7 +65,7 @@ def score_by_question(examples: Sequence[Example], distributions: Sequence[Seque
     groups: dict[str, tuple[str, list[int]]] = {}
     for index, example in enumerate(examples):
         (parsed,) = parse_questions({"q": example.question})
-        groups.setdefault(parsed.key, (question_text(example), []))[1].append(index)
+        groups.setdefault(parsed.key, (question_text(example.question), []))[1].append(index)
     scored = [
         {"question": text, **score([examples[i] for i in rows], [distributions[i] for i in rows])}
         for text, rows in groups.values()
@@ -73,9 +73,9 @@ def score_by_question(examples: Sequence[Example], distributions: Sequence[Seque
     return sorted(scored, key=lambda row: -row["n"])
 
 
-def question_text(example: Example) -> str:
-    """An example's question as a person reads it in a report: its instructions, shortened."""
-    return textwrap.shorten(str(example.question.instructions), 80)
+def question_text(question: Question) -> str:
+    """A question as a person reads it in a report: its instructions, shortened."""
+    return textwrap.shorten(str(question.instructions), 80)
 
 
 def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]]) -> dict[str, Any]:

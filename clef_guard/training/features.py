@@ -9,20 +9,24 @@ example in ``<cache>/features/<backbone key>.pt`` and saved as they are made.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
+import json
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 
 from clef_guard.engine.backbone import cache_dir
-from clef_guard.engine.head import DecisionHead
+from clef_guard.engine.head import DecisionHead, sorted_header
 from clef_guard.engine.local import LocalDecisionModel
 from clef_guard.engine.requests import ParsedQuestion, parse_questions
 from clef_guard.engine.state import state_segments, to_json
+from clef_guard.engine.tree import OptionFeatures
 from clef_guard.training.examples import Example
 
 _SAVE_EVERY = 30.0
@@ -48,6 +52,13 @@ class Features:
         """The option logits ``head`` gives these features."""
         return head(self.hidden, self.lm_logprob, self.reading, self.query, self.question)
 
+    @classmethod
+    def labeled(cls, read: OptionFeatures, label: str) -> Features:
+        """What the engine read for one question (a review log's record, say), with its correct answer."""
+        question = read.question
+        query = read.query.float() if read.reading == "wide" else None
+        return cls(read.reading, read.hidden.float(), read.lm_logprob.float(), list(question.options).index(label), query, question.key)
+
 
 def extract_features(
     engine: LocalDecisionModel,
@@ -57,7 +68,7 @@ def extract_features(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[Features]:
     """Features for every example, reusing (and extending) the on-disk cache."""
-    path = (cache or cache_dir() / "features") / f"{_backbone_key(engine)}.pt"
+    path = (cache or cache_dir() / "features") / f"{engine.feature_key}.pt"
     stored: dict[str, dict[str, Any]] = torch.load(path) if path.exists() else {}
     features, fresh = [], 0
     floats: dict[str, torch.Tensor] = {}  # one float copy of each shared label matrix
@@ -110,17 +121,6 @@ def _stale(entry: dict[str, Any], reading: str) -> bool:
     return read != reading or (reading == "wide" and entry.get("wide_features") != _WIDE_FEATURES)
 
 
-def _backbone_key(engine: LocalDecisionModel) -> str:
-    adapter = None
-    if engine.adapter is not None:  # by content: retraining into the same folder must not reuse features
-        weights = Path(engine.adapter) / "adapter_model.safetensors"
-        adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else engine.adapter
-    identity: dict[str, Any] = {"model": engine.model, "adapter": adapter, "layout": 2}
-    if engine.backbone.numerics != "float32":  # float32 features keep the key they had before other numerics
-        identity["numerics"] = engine.backbone.numerics
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _example_key(example: Example, question: ParsedQuestion) -> str:
     """Key of an example's features: the text the engine reads and what its question asks (a new rendering is a new key)."""
     body = to_json({"state": state_segments(example.state), "question": question.key})
@@ -135,3 +135,59 @@ def _save(stored: dict[str, Any], path: Path) -> float:
     torch.save(stored, staging)
     staging.replace(path)
     return time.monotonic() - started
+
+
+REPLAY_ROWS = 200
+"""Rows a head keeps of what it was trained on (:func:`save_replay`), for warm starts to replay."""
+
+
+def replay_path(head: Path) -> Path:
+    """Where the replay sample of the head file ``head`` lives: beside it, ``<name>.replay.safetensors``."""
+    return head.with_name(head.name.removesuffix(".safetensors") + ".replay.safetensors")
+
+
+def save_replay(features: Sequence[Features], path: Path, *, rows: int = REPLAY_ROWS, seed: int = 0) -> int:
+    """Keep a sample of ``features`` at ``path``: the same number from each question, in turn, up to ``rows``.
+
+    A warm start that replays it does not forget the head's old tasks, and needs neither
+    their datasets nor a backbone pass over them. Wide readings (option vectors) are left
+    out. Returns the rows kept.
+    """
+    by_question: dict[str | None, list[Features]] = {}
+    for f in features:
+        if f.reading != "wide":
+            by_question.setdefault(f.question, []).append(f)
+    rng = random.Random(seed)
+    pools = [rng.sample(group, len(group)) for _, group in sorted(by_question.items(), key=lambda item: str(item[0]))]
+    kept: list[Features] = []
+    while len(kept) < rows and any(pools):
+        kept += [pool.pop() for pool in pools if pool][: rows - len(kept)]
+    if not kept:
+        return 0
+    tensors = {
+        "hidden": torch.cat([f.hidden for f in kept]).to(torch.float16).contiguous(),
+        "lm_logprob": torch.cat([f.lm_logprob for f in kept]).float().contiguous(),
+        "options": torch.tensor([len(f.lm_logprob) for f in kept]),
+        "label": torch.tensor([f.label for f in kept]),
+    }
+    rows_meta = [[f.reading, f.question] for f in kept]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(sorted_header(save(tensors, metadata={"format": "clef-guard-replay/1", "rows": json.dumps(rows_meta)})))
+    return len(kept)
+
+
+def load_replay(path: Path) -> list[Features]:
+    """The rows :func:`save_replay` kept; none when ``path`` does not exist."""
+    if not path.exists():
+        return []
+    with safe_open(str(path), framework="pt") as handle:
+        meta = handle.metadata() or {}
+    if meta.get("format") != "clef-guard-replay/1":
+        raise ValueError(f"{path} is not a clef-guard replay file")
+    tensors = load_file(str(path))
+    hidden = tensors["hidden"].float().split(tensors["options"].tolist())
+    logprob = tensors["lm_logprob"].split(tensors["options"].tolist())
+    return [
+        Features(reading, h, lp, int(label), None, question)
+        for (reading, question), h, lp, label in zip(json.loads(meta["rows"]), hidden, logprob, tensors["label"].tolist(), strict=True)
+    ]
