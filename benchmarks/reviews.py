@@ -13,7 +13,11 @@ gate goes on with the new head. At every step the bench reports, on test splits:
   (confirmed, and the reviewer would approve unchanged) and unsafe allows, at the same
   threshold;
 - the other tasks' mean accuracy (forgetting);
-- the warm start's time (features of the reviewed rows are read as the gate runs).
+- the warm start's time (features of the reviewed rows are read as the gate runs, as
+  ``ReviewLog(record_features=True)`` keeps them); after the last checkpoint, the same warm
+  start through the command line, timed whole: the reviews written as a review log with
+  their features, then ``clef-guard train --data LOG --init-head BASE`` (which replays the
+  sample the base head carries) and ``clef-guard calibrate --data LOG``.
 
 Targets: ``assebench`` (is the agent's action unsafe?) and ``requested`` (the policies
 task's "did the user ask for this?" questions; risky means *not* asked for).
@@ -24,13 +28,18 @@ task's "did the user ask for this?" questions; risky means *not* asked for).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import random
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from rich.console import Console
 from rich.progress import Progress
@@ -38,9 +47,12 @@ from rich.table import Table
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.head import DecisionHead
+from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.tree import OptionFeatures
+from clef_guard.cli import main as cli
 from clef_guard.training.datasets import load_task
 from clef_guard.training.examples import Example, sample
-from clef_guard.training.features import Features, extract_features
+from clef_guard.training.features import Features, extract_features, replay_path, save_replay
 from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head
 
 BASE_TASKS = ("policies", "metatool", "injecguard", "tool-use", "rjudge", "assebench")
@@ -111,8 +123,8 @@ def simulate(
     threshold: float,
     audit: float,
     hidden: int,
-) -> list[dict[str, Any]]:
-    """Run the stream once with ``method``; one report per checkpoint."""
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Run the stream once with ``method``: one report per checkpoint, and which rows of the stream were reviewed."""
     rng, audits = random.Random(0), random.Random(1)
     head, reviews, curve = base, [], []
     checkpoints = list(CHECKPOINTS)
@@ -133,13 +145,15 @@ def simulate(
 
     curve.append(report())
     checkpoints.pop(0)
-    for features in stream:
+    reviewed: list[int] = []
+    for index, features in enumerate(stream):
         if not checkpoints:
             break
         streamed += 1
         if float(predict(head, [features])[0][risky]) < threshold and audits.random() >= audit:
             continue  # allowed, and not drawn for an audit: nobody looks at it
         reviews.append(features)  # confirmed (or audited): the reviewer's answer is the label
+        reviewed.append(index)
         if len(reviews) == checkpoints[0]:
             started = time.perf_counter()
             replay = rng.sample(replay_pool, min(REPLAY, len(replay_pool))) if method == "replay" else []
@@ -147,7 +161,46 @@ def simulate(
             seconds = time.perf_counter() - started
             curve.append(report())
             checkpoints.pop(0)
-    return curve
+    return curve, reviewed
+
+
+def cli_warm_start(engine: LocalDecisionModel, base: DecisionHead, pool: list[Features], reviewed: list[Example],
+                   features: list[Features]) -> dict[str, Any]:
+    """The warm start a user runs: the reviews as a review log with features, ``train --init-head`` the base
+    head (with the replay sample it carries), then ``calibrate``; seconds for the whole, engine loads included."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        base_file = root / "base.safetensors"
+        base.save(base_file)
+        save_replay(pool, replay_path(base_file))
+        log = root / "reviews.jsonl"
+        with log.open("w", encoding="utf-8") as handle:
+            for n, (example, read) in enumerate(zip(reviewed, features, strict=True)):
+                (question,) = parse_questions({"unsafe": example.question})
+                options = OptionFeatures(question, read.reading, read.hidden, read.lm_logprob, torch.zeros(read.hidden.shape[1]))
+                row = {
+                    "id": f"review-{n}", "questions": {"unsafe": example.question.model_dump(mode="json")},
+                    "labels": {"unsafe": example.label},
+                    "features": {"backbone": engine.feature_key, "questions": {"unsafe": options.to_record()}},
+                }
+                handle.write(json.dumps(row) + "\n")
+        started = time.perf_counter()
+        head = root / "head"
+        quiet = ["--json", "--features", str(root / "no-cache")]
+        commands = [
+            ["train", "--data", str(log), "--init-head", str(base_file), "--epochs", str(WARM.epochs), "--out", str(head), *quiet],
+            ["calibrate", "--head", str(head / "decision_head.safetensors"), "--data", str(log), "--target-error", "0.2",
+             "--out", str(root / "calibration.yaml"), "--plot", str(root / "reliability.png"), *quiet],
+        ]
+        for command in commands:
+            with contextlib.redirect_stdout(io.StringIO()):  # the commands' own reports
+                status = cli(command)
+            if status != 0:
+                raise SystemExit(f"clef-guard {command[0]} failed ({status})")
+        seconds = time.perf_counter() - started
+        report = json.loads((head / "train_report.json").read_text())
+    return {"reviews": len(reviewed), "replayed": report["replayed"], "read_with_the_backbone": report["read_with_the_backbone"],
+            "seconds": round(seconds, 1)}
 
 
 def plot(curves: dict[str, list[dict[str, Any]]], target: str, path: Path) -> None:
@@ -209,18 +262,21 @@ def main(argv: list[str] | None = None) -> int:
     base, _ = train_head(pool, hidden, TrainConfig())
     calibrate_head(base, pool)
     base_seconds = time.perf_counter() - started
-    curves = {
+    runs = {
         method: simulate(
             method, base, stream, test_features, pool, target=args.target, risky=risky, threshold=args.threshold,
             audit=args.audit, hidden=hidden,
         )
         for method in ("replay", "anchor")
     }
+    curves = {method: curve for method, (curve, _) in runs.items()}
+    reviewed = runs["replay"][1]
+    timed = cli_warm_start(engine, base, pool, [stream_rows[i] for i in reviewed], [stream[i] for i in reviewed])
     path = args.plot or Path("build") / f"reviews-{args.target}.png"
     plot(curves, args.target, path)
     result = {
         "target": args.target, "threshold": args.threshold, "audit": args.audit, "base_rows": len(pool), "stream_rows": len(stream),
-        "base_train_seconds": round(base_seconds, 1), "curves": curves, "plot": str(path),
+        "base_train_seconds": round(base_seconds, 1), "curves": curves, "cli_warm_start": timed, "plot": str(path),
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -235,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{p['unsafe_allows']:.3f}", f"{p['other_tasks_accuracy']:.3f}", f"{p['warm_start_seconds']:.1f}",
             )
         console.print(table)
+    console.print(f"warm start through the command line, {timed['reviews']} reviews + {timed['replayed']} replayed rows, "
+                  f"{timed['read_with_the_backbone']} read with the backbone: {timed['seconds']} s")
     console.print(f"plot: {path}")
     return 0
 

@@ -4,9 +4,10 @@
    nothing; the audit says what it would have done.
 2. Enforced, with a review log: confirmations interrupt, a scripted reviewer answers
    (approving some calls, rejecting others, correcting one answer), and every answer
-   becomes a labelled row.
+   becomes a labelled row with the backbone's reading of the call (its features).
 3. ``clef-guard train --data reviews.jsonl --init-head default`` warm-starts the shipped
-   head on those rows, and the new head answers "should this run without asking?".
+   head on those rows' features, replaying the sample of training rows the shipped head
+   carries, and the new head answers "should this run without asking?".
 
     python examples/learn_from_reviews.py
 """
@@ -83,7 +84,8 @@ def main() -> None:
         console.rule("1. Shadow: nothing is blocked, the audit says what would have been")
         console.print(f"removed: {run(engine, 'shadow', None)}")
         console.rule("2. Enforced, every review logged")
-        console.print(f"removed: {run(engine, 'enforce', ReviewLog(reviews, record_states=True))}")
+        # Features are what training reads; the states are kept here only to ask the new head again below.
+        console.print(f"removed: {run(engine, 'enforce', ReviewLog(reviews, record_features=True, record_states=True))}")
         rows = [json.loads(line) for line in reviews.read_text().splitlines()]
         for row in rows:
             console.print(f"  row: {row['tool']} {row['decision']} -> labels {row['labels']}", highlight=False)

@@ -100,3 +100,30 @@ def test_a_task_can_name_its_own_option_count(tmp_path: Path, capsys: pytest.Cap
     assert json.loads(capsys.readouterr().out)["n"] == 4  # the same two rows, listed with 8 options and read wide
     assert main(["train", "--task", "clinc150:many", "--out", str(tmp_path / "bad")]) != 0
     assert "NAME[:K][@N]" in capsys.readouterr().err
+
+
+def test_an_allow_threshold_bounds_the_unrequested_calls_it_lets_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``requested >= threshold`` lets a call run: the fit bounds the 'no' rows at or above it, as a stop bounds false alarms."""
+    from clef_guard import load_policies
+    from clef_guard.engine.local import DEFAULT_HEAD
+
+    (policy,) = load_policies("destructive-actions")
+    question = policy.questions["requested"].model_dump(mode="json")
+    asks = {"delete notes/a.txt": "yes", "summarise the week": "no", "rm notes/a.txt please": "yes", "list the notes": "no"}
+    rows = [
+        {"state": {"messages": [{"role": "user", "content": f"{ask} ({n})"}], "tool": {"name": "delete_file", "args": {"path": "notes/a.txt"}}},
+         "questions": {"requested": question}, "labels": {"requested": label}}
+        for n in range(5) for ask, label in asks.items()
+    ]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    calibration = tmp_path / "calibration.yaml"
+    argv = ["calibrate", "--head", str(tmp_path / "head.safetensors"), "--data", str(data), "--keep-temperatures",
+            "--features", str(tmp_path / "features"), "--out", str(calibration), "--plot", str(tmp_path / "r.png"), "--json"]
+    (tmp_path / "head.safetensors").write_bytes(DEFAULT_HEAD.read_bytes())  # --keep-temperatures: only thresholds are fitted
+    assert main([*argv, "--allow-threshold", "destructive-actions:requested@0.4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    fitted = report["allow_thresholds"]["destructive-actions:requested@0.4"]
+    assert fitted["negatives"] == 10 and fitted["false_alarm_bound"] <= 0.4
+    written = yaml.safe_load(calibration.read_text())
+    assert written["policies"]["destructive-actions"]["thresholds"]["requested"] == pytest.approx(fitted["threshold"], abs=1e-6)

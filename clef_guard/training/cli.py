@@ -132,6 +132,11 @@ def add_commands(commands: Any) -> None:
         help="fit a threshold at which a yes stops a call: the lowest P(yes) whose false alarms on the 'no' rows "
         "of the policy's question QUESTION (default NAME) stay under TARGET (default --target-error) with --confidence",
     )
+    calibrate.add_argument(
+        "--allow-threshold", action="append", default=[], metavar="POLICY:NAME[=QUESTION][@TARGET]",
+        help="fit a threshold at which a yes lets a call through (a 'requested' question): the lowest P(yes) whose "
+        "'no' rows it lets through (unsafe allows) stay under TARGET with --confidence",
+    )
     evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
     evaluate.add_argument("--task", default=None, help="a task from the shared datasets")
     evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
@@ -373,11 +378,12 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
         "calibration_file": str(args.out),
     }
     policies: dict[str, dict[str, dict[str, float]]] = {}
-    for spec in args.stop_threshold:
-        policy, name, stop = _stop_threshold(spec, after, features, args)
-        assert stop.threshold is not None  # _stop_threshold raises otherwise
-        policies.setdefault(policy, {"thresholds": {}})["thresholds"][name] = round(stop.threshold, 6)
-        report.setdefault("stop_thresholds", {})[spec] = asdict(stop)
+    for flag, specs in (("--stop-threshold", args.stop_threshold), ("--allow-threshold", args.allow_threshold)):
+        for spec in specs:
+            policy, name, fitted = _yes_threshold(flag, spec, after, features, args)
+            assert fitted.threshold is not None  # _yes_threshold raises otherwise
+            policies.setdefault(policy, {"thresholds": {}})["thresholds"][name] = round(fitted.threshold, 6)
+            report.setdefault(flag.removeprefix("--").replace("-", "_") + "s", {})[spec] = asdict(fitted)
     for spec in args.policy_threshold:
         policy, _, name = spec.partition(":")
         if not name or choice.threshold is None:
@@ -388,29 +394,31 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _stop_threshold(
-    spec: str, probabilities: list[torch.Tensor], features: list[Features], args: argparse.Namespace
+def _yes_threshold(
+    flag: str, spec: str, probabilities: list[torch.Tensor], features: list[Features], args: argparse.Namespace
 ) -> tuple[str, str, StopThreshold]:
-    """``--stop-threshold POLICY:NAME[=QUESTION][@TARGET]``: the policy, the threshold's name and what was fitted."""
+    """``--stop-threshold`` or ``--allow-threshold POLICY:NAME[=QUESTION][@TARGET]``: the policy, the threshold's
+    name and what was fitted. Both bound the 'no' rows at or above it (false alarms of a stop, unsafe allows of an
+    allow), so one fit serves both."""
     policy_name, _, rest = spec.partition(":")
     rest, _, target = rest.partition("@")
     name, _, qid = rest.partition("=")
     try:
         target_error = float(target) if target else args.target_error
     except ValueError:
-        raise ClefGuardError(f"--stop-threshold {spec!r}: the target after '@' must be a number") from None
+        raise ClefGuardError(f"{flag} {spec!r}: the target after '@' must be a number") from None
     (policy,) = load_policies(policy_name) if policy_name else (None,)
     question = policy.questions.get(qid or name) if policy and name else None
     if question is None or question.type != "noul":
-        raise ClefGuardError(f"--stop-threshold {spec!r}: write POLICY:NAME[=QUESTION][@TARGET] naming a yes/no question of the policy")
+        raise ClefGuardError(f"{flag} {spec!r}: write POLICY:NAME[=QUESTION][@TARGET] naming a yes/no question of the policy")
     key = parse_questions({"q": question})[0].key
     rows = [(float(p[1]), f.label == 1) for p, f in zip(probabilities, features, strict=True) if f.question == key]
     if not rows:
-        raise ClefGuardError(f"--stop-threshold {spec!r}: no example asks {policy_name}'s question {qid or name!r}")
+        raise ClefGuardError(f"{flag} {spec!r}: no example asks {policy_name}'s question {qid or name!r}")
     chosen = stop_threshold([p for p, _ in rows], [y for _, y in rows], target_error=target_error, confidence=args.confidence)
     if chosen.threshold is None:
         raise ClefGuardError(
-            f"--stop-threshold {spec!r}: {chosen.negatives} 'no' rows cannot show a false-alarm rate under "
+            f"{flag} {spec!r}: {chosen.negatives} 'no' rows cannot show a rate of 'no' rows at or above a threshold under "
             f"{target_error} (the bound with none is {chosen.false_alarm_bound:.4f}); calibrate on more rows"
         )
     return policy_name, name, chosen
