@@ -49,6 +49,8 @@ from clef_guard.gate.view import engine_state, normalise_call
 from clef_guard.policy.load import HINTS
 from clef_guard.telemetry.reviews import ReviewLog
 
+from ._results import ResultReviews
+
 ReviewDecision = Literal["approve", "edit", "reject", "respond"]
 
 
@@ -106,6 +108,7 @@ class ToolGate:
         self._schema: Any = members[0] if len(members) == 1 else Annotated[Union[members], Discriminator("type")]  # noqa: UP007
         self._batches: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._lock = threading.Lock()
+        self.results = ResultReviews(self.allowed_decisions)
 
     def wrap(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]) -> ToolMessage | Command[Any]:
         """The ``wrap_tool_call`` hook: gate, maybe ask a human, run, screen and label the result."""
@@ -117,13 +120,16 @@ class ToolGate:
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
             return self._recorded(request, request.tool_call, outcome, verdict, [])
-        result = handler(request.override(tool_call=outcome))
+        held_key = _batch_key(thread_of(request.runtime.config), request.state, [outcome])
+        held = self.results.held(held_key)
+        result = held if held is not None else handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
         checked = [
             self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
-        return self._read_ahead(request, self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked))
+        screened = self._screened(result, found, checked, held_key, ran_again=held is None)
+        return self._read_ahead(request, self._recorded(request, outcome, screened, verdict, checked))
 
     async def awrap(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
@@ -137,13 +143,16 @@ class ToolGate:
             outcome = self.after_edit(outcome.call, verdict)
         if isinstance(outcome, ToolMessage):
             return self._recorded(request, request.tool_call, outcome, verdict, [])
-        result = await handler(request.override(tool_call=outcome))
+        held_key = _batch_key(thread_of(request.runtime.config), request.state, [outcome])
+        held = self.results.held(held_key)
+        result = held if held is not None else await handler(request.override(tool_call=outcome))
         found = _tool_results(result) if self.check_results else []
         checked = [
             await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
-        return self._read_ahead(request, self._recorded(request, outcome, self._screened(result, found, checked), verdict, checked))
+        screened = self._screened(result, found, checked, held_key, ran_again=held is None)
+        return self._read_ahead(request, self._recorded(request, outcome, screened, verdict, checked))
 
     def _read_ahead(self, request: ToolCallRequest, returned: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
         """``returned``, after asking the guard to read the state the agent's next step will follow."""
@@ -248,10 +257,15 @@ class ToolGate:
         return message
 
     def _screened(
-        self, result: ToolMessage | Command[Any], found: list[ToolMessage], verdicts: list[Verdict]
+        self, result: ToolMessage | Command[Any], found: list[ToolMessage], verdicts: list[Verdict], held_key: Any, *, ran_again: bool
     ) -> ToolMessage | Command[Any]:
-        """``result`` with each of its tool messages that the ``after_tool`` policies deny withheld."""
-        replaced = {id(m): self._screen(m, v) for m, v in zip(found, verdicts, strict=True)}
+        """``result`` with each of its tool messages that the ``after_tool`` policies deny withheld, and
+        each one they escalate as a reviewer answers (:mod:`clef_guard.integrations._results`; the
+        result is held across the interrupt, so the tool does not run again on resume)."""
+        if any(v.action == "escalate" for v in verdicts):
+            self.results.hold(held_key, result)
+        replaced = {id(m): self._screen(m, v, ran_again) for m, v in zip(found, verdicts, strict=True)}
+        self.results.release(held_key)  # reached once every review has its answer
         if isinstance(result, ToolMessage) or not replaced:
             return replaced.get(id(result), result)  # type: ignore[return-value]
         update = {
@@ -260,10 +274,13 @@ class ToolGate:
         }
         return dataclasses.replace(result, update=update)
 
-    def _screen(self, result: ToolMessage, verdict: Verdict) -> ToolMessage:
-        """Withhold a tool result that the ``after_tool`` policies deny."""
+    def _screen(self, result: ToolMessage, verdict: Verdict, ran_again: bool) -> ToolMessage:
+        """A tool result as the agent may read it: withheld when the ``after_tool`` policies deny, as a
+        reviewer answers when they escalate."""
         if verdict.action in ("allow", "confirm"):
             return result
+        if verdict.action == "escalate":
+            return self.results.review(result, verdict, ran_again=ran_again)
         return ToolMessage(
             content=(
                 f"The result of `{result.name}` was withheld by policy '{verdict.policy}' (rule '{verdict.rule}'): "
