@@ -33,8 +33,8 @@ bench: $(STAMP)
 # CLINC150 and the generated tool-use rows teach it choices (8 sampled labels per CLINC150
 # example); BANKING77, HWU64 and When2Call stay out of it entirely, so its scores there are
 # zero-shot. `clef-guard train`'s defaults are this head's recipe (lr 3e-3, 80 epochs; docs/training.md).
-HEAD_TASKS := --task policies --task policies-attacked --task metatool --task injecguard --task tool-output --task clinc150 --task tool-use \
-	--task rjudge --task assebench \
+# The head also keeps a replay sample of its rows (default.replay.safetensors) for warm starts.
+HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --task tool-use --task rjudge --task assebench \
 	--options 8
 default-head: $(STAMP)
 	$(VENV)/bin/clef-guard train $(HEAD_TASKS) --limit 2200 --out build/default-head
