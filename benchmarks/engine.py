@@ -20,8 +20,10 @@
   and outbound-communication policies, on a realistic state (a system prompt with the tools'
   docstrings, a request, every call and its result). Per gate after the first turn: p50/p95
   latency and tokens read (``input_tokens - cached_tokens``), with the prefix cache off, on,
-  and on with ``Guard.read_ahead`` (what the integrations call when tool results arrive,
-  run here to completion before the next step, as it would while the agent's model writes).
+  on with ``Guard.read_ahead`` (what the integrations call when tool results arrive,
+  run here to completion before the next step, as it would while the agent's model writes),
+  all with every question asked at once; and ``lazy``: read-ahead with lazy questions (a
+  policy's questions asked as its rules need them, what a ``Guard`` does on a CPU).
 - bfloat16: the same backbone in bf16 beside float32, a gate on a 512-token state, and how
   far its answers move: from float32's, and between a cached and an uncached read of one
   state (a reduced-precision backbone's answers depend on how its tokens were grouped).
@@ -140,9 +142,9 @@ AGENT_TOOLS = {
 }
 
 
-def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool) -> list[tuple[float, int]]:
+def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool) -> list[tuple[float, int]]:
     """One pass of the agent's turns: per gate, its seconds and the tokens the engine computed."""
-    guard = Guard(load_policies("destructive-actions", "outbound-communication"), engine=engine)
+    guard = Guard(load_policies("destructive-actions", "outbound-communication"), engine=engine, lazy=lazy)
     messages: list[Any] = [SystemMessage(AGENT_SYSTEM), HumanMessage(AGENT_REQUEST)]
     gates = []
     for i, (name, args, result) in enumerate(AGENT_TURNS):
@@ -159,22 +161,25 @@ def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool) -> list[tuple[fl
 
 
 def agent_loop_figures(repeats: int) -> dict[str, Any]:
-    """Per-gate latency and tokens computed after the first turn, cache off, on, and on with read-ahead."""
+    """Per-gate latency and tokens computed after the first turn: cache off, on, on with read-ahead
+    (every question asked at once), and all of that with lazy questions (what a Guard does on a CPU)."""
     results: dict[str, Any] = {}
-    for mode, cache, ahead in (("no_cache", 0, False), ("cache", 8, False), ("read_ahead", 8, True)):
+    modes = (("no_cache", 0, False, False), ("cache", 8, False, False), ("read_ahead", 8, True, False), ("lazy", 8, True, True))
+    for mode, cache, ahead, lazy in modes:
         engine = LocalDecisionModel(prefix_cache_size=cache)
         later: list[tuple[float, int]] = []
         first: list[float] = []
-        agent_loop(engine, read_ahead=ahead)  # warm-up
+        agent_loop(engine, read_ahead=ahead, lazy=lazy)  # warm-up
         for _ in range(repeats):
             engine.clear_prefix_cache()
-            gates = agent_loop(engine, read_ahead=ahead)
+            gates = agent_loop(engine, read_ahead=ahead, lazy=lazy)
             first.append(gates[0][0])
             later += gates[1:]
         results[f"agent_{mode}_first_ms"] = 1000 * statistics.median(first)
         results[f"agent_{mode}_p50_ms"], results[f"agent_{mode}_p95_ms"] = p50_p95_ms(seconds for seconds, _ in later)
         results[f"agent_{mode}_tokens_per_gate"] = statistics.mean(tokens for _, tokens in later)
     results["agent_read_ahead_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_read_ahead_p50_ms"]
+    results["agent_lazy_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_lazy_p50_ms"]
     return results
 
 
@@ -380,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     goals = {
         "onepass_vs_generate": ">= 5x", "q8_over_q1": "<= 1.5", "prefix_cache_speedup": ">= 5x",
-        "gate_1q_p50_ms": "<= 450 (CPU)", "agent_read_ahead_p50_ms": "<= 120 (CPU)", "agent_read_ahead_p95_ms": "<= 250 (CPU)",
+        "gate_1q_p50_ms": "<= 450 (CPU)", "agent_lazy_p50_ms": "<= 120 (CPU)", "agent_lazy_p95_ms": "<= 250 (CPU)",
     }
     table = Table(title=f"clef-guard engine on {results.get('device', 'this machine')} ({results.get('model', LocalDecisionModel.model_fields['model'].default)})")
     table.add_column("measure")

@@ -231,8 +231,10 @@ def test_spans_count_the_tokens_served_from_the_prefix_cache(engine: LocalDecisi
     guard.check(CALL, state)
     guard.check(CALL, state)
     first, again = (span.attributes for span in recorder.spans.get_finished_spans())
-    assert first["gen_ai.usage.cache_read.input_tokens"] == 0
-    assert 0 < again["gen_ai.usage.cache_read.input_tokens"] < again["gen_ai.usage.input_tokens"] == first["gen_ai.usage.input_tokens"]
+    # on a cold cache only a later round of lazy questions reads the prefix the first round computed
+    assert first["gen_ai.usage.cache_read.input_tokens"] < first["gen_ai.usage.input_tokens"] / 2
+    cached = again["gen_ai.usage.cache_read.input_tokens"]
+    assert first["gen_ai.usage.cache_read.input_tokens"] < cached < again["gen_ai.usage.input_tokens"] == first["gen_ai.usage.input_tokens"]
 
 
 def test_a_windowed_decision_names_its_window_in_the_span() -> None:

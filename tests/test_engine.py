@@ -172,7 +172,7 @@ def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
     call = {"name": "send_email", "args": {"to": "team@example.com", "body": "Staging is clean."}, "id": "call_9"}
     state = {"messages": [*conversation, AIMessage("", tool_calls=[call])]}
     engine.clear_prefix_cache()
-    ahead = Guard(policies, engine=engine)
+    ahead = Guard(policies, engine=engine, lazy=False)  # one round: its cached tokens are the read-ahead's
     reading = ahead.read_ahead({"messages": conversation})
     assert reading is not None and reading.result() is None
     got, want = ahead.check(call, state), Guard(policies, engine=uncached_engine).check(call, state)

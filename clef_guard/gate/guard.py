@@ -4,7 +4,8 @@ One check, in order:
 
 1. every policy that applies to the call (tool glob, step, ``applies_to.when``, phase);
 2. the questions of all of them, merged (identical questions asked once) into one
-   engine request per distinct state view, under a timeout;
+   engine request per distinct state view, under a timeout; asked lazily (``Guard(lazy=)``),
+   a policy's questions come in rounds, only as many as its rules need to decide;
 3. each policy's rules in order over its answers: the first that holds decides, else
    the policy's ``default``; an engine or rule failure gives the policy's ``on_error``;
 4. the strictest action wins (deny > escalate > confirm > allow), every reason is kept;
@@ -21,7 +22,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -34,6 +35,7 @@ from clef_guard.gate.rules import (
     evaluate_rules,
     failed_decision,
     label_result,
+    next_questions,
 )
 from clef_guard.gate.trail import (
     carried_labels,
@@ -96,7 +98,7 @@ class _Check:
     context: dict[str, Any]
     description: str | None
     policies: list[Policy]
-    groups: list[_Group]
+    units: list[_Unit]
     start: float
     phase: str
     flow: dict[str, Any]
@@ -107,20 +109,48 @@ class _Check:
     cached_tokens: int = 0
     settled: list[PolicyDecision] = field(default_factory=list)
     """Decisions made without the engine: policies with no questions, or whose ``applies_to.when`` failed."""
+    escalations: list[_Unit] = field(default_factory=list)
+
+
+@dataclass
+class _Unit:
+    """One policy reading one view of the call (one window of a result it reads in windows)."""
+
+    policy: Policy
+    view: str
+    """Names the state view; units with the same view share engine requests."""
+    state: dict[str, Any]
+    span: tuple[int, int] | None
+    """The window of the tool result this unit reads (``None``: all of it)."""
+    escalated: bool = False
+    answers: dict[str, Any] = field(default_factory=dict)
+    """The answers so far, by the policy's question ids."""
+    decision: PolicyDecision | None = None
 
 
 @dataclass
 class _Group:
-    """Policies sharing one state view, asked in one engine request."""
+    """One engine request: the questions units of one view ask in this round (identical ones once)."""
 
     state: dict[str, Any]
-    span: tuple[int, int] | None = None
-    """The window of the tool result this group reads (``None``: all of it)."""
     questions: dict[str, Any] = field(default_factory=dict)
-    """Engine question id -> question (identical questions share an id)."""
-    ids: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(policy, question id) -> engine question id."""
-    policies: list[Policy] = field(default_factory=list)
+    """Engine question id -> question."""
+    members: list[tuple[_Unit, dict[str, str]]] = field(default_factory=list)
+    """Each unit, with its question ids -> engine question ids."""
+
+    def add(self, unit: _Unit, qids: Sequence[str]) -> None:
+        ids = {}
+        for qid in qids:
+            question = unit.policy.questions[qid]
+            shared = next((eid for eid, q in self.questions.items() if q == question), None)
+            if shared is None:
+                shared = f"q{len(self.questions)}"
+                self.questions[shared] = question
+            ids[qid] = shared
+        self.members.append((unit, ids))
+
+
+_Reply = ClassifierResponse | Exception
 
 
 class Guard:
@@ -150,6 +180,13 @@ class Guard:
     mode
         ``enforce``, or ``shadow``: every policy decides and is audited as usual, and
         nothing is blocked (a policy file can say ``mode: shadow`` for itself alone).
+    lazy
+        Ask a policy's questions only as its rules need them: rules that need no answer
+        first, then its first question, then the rest the remaining rules read
+        (:func:`~clef_guard.gate.rules.next_questions`); the verdict is the one all the
+        answers give. By default when the engine says so (``lazy_questions``: the
+        in-process engine on a CPU, where a pass costs what its tokens do); a hosted
+        engine or a GPU gets every question in one request.
     """
 
     def __init__(
@@ -164,6 +201,7 @@ class Guard:
         on_verdict: Sequence[Callable[[Verdict], None]] = (),
         telemetry: Telemetry | None = None,
         mode: Mode = "enforce",
+        lazy: bool | None = None,
     ) -> None:
         if mode not in ("enforce", "shadow"):
             raise ValueError(f"mode is 'enforce' or 'shadow', not {mode!r}")
@@ -190,6 +228,7 @@ class Guard:
         self.on_verdict = list(on_verdict)
         self.telemetry = telemetry or Telemetry()
         self.mode = mode
+        self.lazy = lazy
         self._enforcing = {p.name for p in self.policies if mode == "enforce" and p.mode == "enforce"}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="clef-guard")
         self._ahead: concurrent.futures.Future[None] | None = None
@@ -259,12 +298,13 @@ class Guard:
         rules the thread's ``history`` and ``labels``.
         """
         runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
-        decisions = self._decide_runs(runs, self._ask([g for r in runs for g in r.groups]))
-        again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
-        if any(again):
-            replies = self._ask([g for groups in again for g in groups], escalation=True)
-            decisions = self._merge_runs(runs, decisions, again, replies)
-        return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
+        for escalation in (False, True):
+            rounds = self._rounds(runs, escalation=escalation)
+            deadline = self._deadline()
+            groups = next(rounds, None)
+            while groups is not None:
+                groups = _send(rounds, self._ask(groups, escalation=escalation, deadline=deadline))
+        return self._publish(runs, [self._verdict(run, self._decisions(run)) for run in runs])
 
     async def acheck_many(
         self,
@@ -276,34 +316,13 @@ class Guard:
     ) -> list[Verdict]:
         """Async twin of :meth:`check_many`."""
         runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
-        decisions = self._decide_runs(runs, await self._aask([g for r in runs for g in r.groups]))
-        again = [self._escalation_groups(r, d) for r, d in zip(runs, decisions, strict=True)]
-        if any(again):
-            replies = await self._aask([g for groups in again for g in groups], escalation=True)
-            decisions = self._merge_runs(runs, decisions, again, replies)
-        return self._publish(runs, [self._verdict(r, d) for r, d in zip(runs, decisions, strict=True)])
-
-    def _decide_runs(self, runs: list[_Check], replies: list[ClassifierResponse | Exception]) -> list[list[PolicyDecision]]:
-        """Split one batch of replies back to the checks that asked them."""
-        decided, offset = [], 0
-        for run in runs:
-            decided.append(run.settled + self._decide_all(run, run.groups, replies[offset : offset + len(run.groups)]))
-            offset += len(run.groups)
-        return decided
-
-    def _merge_runs(
-        self,
-        runs: list[_Check],
-        decisions: list[list[PolicyDecision]],
-        again: list[list[_Group]],
-        replies: list[ClassifierResponse | Exception],
-    ) -> list[list[PolicyDecision]]:
-        merged, offset = [], 0
-        for run, first, groups in zip(runs, decisions, again, strict=True):
-            second = self._decide_all(run, groups, replies[offset : offset + len(groups)], escalated=True)
-            merged.append(_merge_escalated(first, second))
-            offset += len(groups)
-        return merged
+        for escalation in (False, True):
+            rounds = self._rounds(runs, escalation=escalation)
+            deadline = self._deadline()
+            groups = next(rounds, None)
+            while groups is not None:
+                groups = _send(rounds, await self._aask(groups, escalation=escalation, deadline=deadline))
+        return self._publish(runs, [self._verdict(run, self._decisions(run)) for run in runs])
 
     def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
         start = time.perf_counter()
@@ -323,101 +342,133 @@ class Guard:
                 run.settled.append(evaluate_rules(policy, {}, call, context, flow=flow, calibrated=policy.name in self._calibrated))
             elif applies:
                 run.policies.append(policy)
-        run.groups.extend(self._groups(run, run.policies))
+        run.units = self._units(run, run.policies)
         return run
 
-    def _groups(self, run: _Check, policies: list[Policy]) -> list[_Group]:
-        """One engine request per distinct state view (and result window); identical questions asked once."""
-        groups: dict[str, _Group] = {}
+    def _units(self, run: _Check, policies: list[Policy], *, escalated: bool = False) -> list[_Unit]:
+        """Each policy's reading of each view of the call (and result window); one state per distinct view."""
+        states: dict[str, dict[str, Any]] = {}
+        units = []
         for policy in policies:
             result = run.call.get("result") if policy.state.tool_result else None
             for span in result_windows(result, policy.state.result_window):
-                view_key = policy.state.model_dump_json(exclude={"result_window"}) + json.dumps(span)
-                group = groups.get(view_key)
-                if group is None:
+                view = policy.state.model_dump_json(exclude={"result_window"}) + json.dumps(span)
+                if view not in states:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
-                    group = groups[view_key] = _Group(engine_state(policy, call, run.state, run.description), span)
-                group.policies.append(policy)
-                for qid, question in policy.questions.items():
-                    key = question.model_dump_json()
-                    shared = next((eid for eid, q in group.questions.items() if q.model_dump_json() == key), None)
-                    if shared is None:
-                        shared = f"q{len(group.questions)}"
-                        group.questions[shared] = question
-                    group.ids[(policy.name, qid)] = shared
-        return list(groups.values())
+                    states[view] = engine_state(policy, call, run.state, run.description)
+                units.append(_Unit(policy, view, states[view], span, escalated))
+        return units
 
-    def _escalation_groups(self, run: _Check, decisions: list[PolicyDecision]) -> list[_Group]:
-        """Requests for the escalation engine: the policies that said ``escalate``."""
-        if self.escalation is None:
-            return []
-        escalating = {d.policy for d in decisions if d.action == "escalate"}
-        return self._groups(run, [p for p in run.policies if p.name in escalating])
+    def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:
+        """Engine requests, round after round, until every unit has decided: each round decides the units
+        whose rules can, and asks what the others need next; the replies come back through ``send``."""
+        if escalation:
+            if self.escalation is None:
+                return
+            for run in runs:
+                escalating = {d.policy for d in self._decisions(run) if d.action == "escalate"}
+                run.escalations = self._units(run, [p for p in run.policies if p.name in escalating], escalated=True)
+        lazy: bool | None = False if escalation else self.lazy
+        while True:
+            asked = []
+            for run in runs:
+                groups: dict[str, _Group] = {}
+                for unit in run.escalations if escalation else run.units:
+                    if unit.decision is not None:
+                        continue
+                    if lazy is None:
+                        lazy = self._engine_prefers_lazy()
+                    policy = unit.policy
+                    if lazy:
+                        wanted = next_questions(policy, unit.answers, run.call, run.context, run.flow)
+                    else:
+                        wanted = tuple(qid for qid in policy.questions if qid not in unit.answers)
+                    if wanted:
+                        groups.setdefault(unit.view, _Group(unit.state)).add(unit, wanted)
+                    else:
+                        unit.decision = self._evaluate(run, unit)
+                asked.append((run, list(groups.values())))
+            batch = [group for _, groups in asked for group in groups]
+            if not batch:
+                return
+            replies = iter((yield batch))
+            for run, groups in asked:
+                for group in groups:
+                    self._take(run, group, next(replies))
 
-    def _ask(self, groups: list[_Group], *, escalation: bool = False) -> list[ClassifierResponse | Exception]:
+    def _take(self, run: _Check, group: _Group, reply: _Reply) -> None:
+        """Give each unit of ``group`` its answers from ``reply``; a failed reply fails its units closed."""
+        if isinstance(reply, Exception):
+            run.errors.append(reply)
+        elif reply.usage is not None:
+            run.input_tokens += int(reply.usage.get("input_tokens") or 0)
+            run.cached_tokens += int((reply.usage.get("input_token_details") or {}).get("cache_read") or 0)
+        for unit, ids in group.members:
+            if isinstance(reply, Exception):
+                error = _describe(reply)
+            elif missing := [qid for qid, eid in ids.items() if eid not in reply.answers]:
+                error = f"the engine's response lacks questions {missing}"
+            else:
+                unit.answers.update({qid: reply.answers[eid] for qid, eid in ids.items()})
+                continue
+            calibrated = unit.policy.name in self._calibrated
+            unit.decision = failed_decision(unit.policy, error, answers=unit.answers, calibrated=calibrated, escalated=unit.escalated)
+
+    def _evaluate(self, run: _Check, unit: _Unit) -> PolicyDecision:
+        decision = evaluate_rules(
+            unit.policy, unit.answers, run.call, run.context, flow=run.flow,
+            calibrated=unit.policy.name in self._calibrated, escalated=unit.escalated,
+        )
+        return decision if unit.span is None else replace(decision, span=unit.span)
+
+    def _decisions(self, run: _Check) -> list[PolicyDecision]:
+        """One decision per policy: the engine's (escalated where the escalation engine answered), then the settled."""
+        first = _strictest_window([u.decision for u in run.units if u.decision is not None])
+        again = {d.policy: d for d in _strictest_window([u.decision for u in run.escalations if u.decision is not None])}
+        return run.settled + [again.get(d.policy, d) for d in first]
+
+    def _engine_prefers_lazy(self) -> bool:
+        try:
+            return getattr(self.engine, "lazy_questions", False) is True
+        except Exception:  # the engine's own failure is reported when it is asked
+            return False
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout_s is None else time.monotonic() + self.timeout_s
+
+    def _ask(self, groups: list[_Group], *, escalation: bool, deadline: float | None) -> list[_Reply]:
         """One engine batch for ``groups``; failures (the engine's load too) and the timeout come back as exceptions."""
-        if not groups:
-            return []
         requests = [{"state": g.state, "questions": g.questions} for g in groups]
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         try:
             future = self._pool.submit(self._batch, requests, escalation, deadline)
-            return list(future.result(timeout=self.timeout_s))
+            return list(future.result(timeout=_left(deadline)))
         except concurrent.futures.TimeoutError:
             future.cancel()
-            return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
+            return [self._timed_out()] * len(groups)
         except Exception as exc:  # any engine failure must fail closed, never propagate as allow
             return [exc] * len(groups)
 
     def _batch(self, requests: list[dict[str, Any]], escalation: bool, deadline: float | None) -> list[Any]:
         if deadline is not None and time.monotonic() > deadline:  # waited past its timeout for a worker: skip the work
-            raise EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")
+            raise self._timed_out()
         engine = self.escalation if escalation else self.engine
         assert engine is not None  # escalation groups exist only with an escalation engine
         return engine.batch(requests, return_exceptions=True)
 
-    async def _aask(self, groups: list[_Group], *, escalation: bool = False) -> list[ClassifierResponse | Exception]:
+    async def _aask(self, groups: list[_Group], *, escalation: bool, deadline: float | None) -> list[_Reply]:
         """Async twin of :meth:`_ask`."""
-        if not groups:
-            return []
         requests = [{"state": g.state, "questions": g.questions} for g in groups]
         try:
             engine = self.escalation if escalation else self.engine
             assert engine is not None  # escalation groups exist only with an escalation engine
-            return list(await asyncio.wait_for(engine.abatch(requests, return_exceptions=True), timeout=self.timeout_s))
+            return list(await asyncio.wait_for(engine.abatch(requests, return_exceptions=True), timeout=_left(deadline)))
         except TimeoutError:
-            return [EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")] * len(groups)
+            return [self._timed_out()] * len(groups)
         except Exception as exc:  # any engine failure must fail closed
             return [exc] * len(groups)
 
-    def _decide_all(
-        self, run: _Check, groups: list[_Group], replies: list[ClassifierResponse | Exception], *, escalated: bool = False
-    ) -> list[PolicyDecision]:
-        """Each policy's decision from its group's reply; a failed reply fails closed."""
-        decisions = []
-        for group, reply in zip(groups, replies, strict=True):
-            if isinstance(reply, Exception):
-                run.errors.append(reply)
-            elif reply.usage is not None:
-                run.input_tokens += int(reply.usage.get("input_tokens") or 0)
-                run.cached_tokens += int((reply.usage.get("input_token_details") or {}).get("cache_read") or 0)
-            for policy in group.policies:
-                calibrated = policy.name in self._calibrated
-                answers = None
-                if isinstance(reply, Exception):
-                    error = _describe(reply)
-                else:
-                    missing = [qid for qid in policy.questions if group.ids[(policy.name, qid)] not in reply.answers]
-                    error = f"the engine's response lacks questions {missing}" if missing else None
-                    answers = {qid: reply.answers[group.ids[(policy.name, qid)]] for qid in policy.questions} if not missing else None
-                if answers is None:
-                    decision = failed_decision(policy, str(error), calibrated=calibrated, escalated=escalated)
-                else:
-                    decision = evaluate_rules(
-                        policy, answers, run.call, run.context, flow=run.flow, calibrated=calibrated, escalated=escalated
-                    )
-                decisions.append(decision if group.span is None else replace(decision, span=group.span))
-        return _strictest_window(decisions)
+    def _timed_out(self) -> EngineTimeoutError:
+        return EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")
 
     def _publish(self, runs: list[_Check], verdicts: list[Verdict]) -> list[Verdict]:
         for run, verdict in zip(runs, verdicts, strict=True):
@@ -538,9 +589,16 @@ def _read_ahead(prefill: Callable[[Any], int], states: list[dict[str, Any]]) -> 
             _log.debug("reading ahead failed", exc_info=True)
 
 
-def _merge_escalated(first: list[PolicyDecision], again: list[PolicyDecision]) -> list[PolicyDecision]:
-    replaced = {d.policy: d for d in again}
-    return [replaced.get(d.policy, d) for d in first]
+def _send(rounds: Generator[list[_Group], list[_Reply], None], replies: list[_Reply]) -> list[_Group] | None:
+    """The next round's requests, or ``None`` when every unit has decided."""
+    try:
+        return rounds.send(replies)
+    except StopIteration:
+        return None
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _describe(exc: Exception) -> str:

@@ -48,6 +48,42 @@ def evaluate_rules(
     return PolicyDecision(policy.name, policy.default, None, "", dict(answers), policy.thresholds, calibrated, None, escalated)
 
 
+def next_questions(
+    policy: Policy,
+    answers: Mapping[str, Any],
+    call: Mapping[str, Any],
+    context: Mapping[str, Any],
+    flow: Mapping[str, Any] = EMPTY_FLOW,
+) -> tuple[str, ...]:
+    """The questions to ask next so that ``policy``'s rules can decide on ``answers`` (those so far).
+
+    The rules run in order with the unasked questions missing. A missing answer fails a
+    rule, unless CEL's ``&&``, ``||`` and ``?:`` make it irrelevant (``false && x`` is false
+    whatever ``x`` is): so a rule that evaluates now evaluates the same once every question
+    is answered, and ``evaluate_rules`` on ``answers`` decides exactly what it would on all
+    of them. The first rule that cannot evaluate yet says what to ask: before any answer,
+    the first unasked question it reads (in the policy's order); after, every unasked
+    question it and the later rules read. ``()``: the rules decide (or fail closed) on what
+    is known. A rule or label rule that reads the answers map as a whole needs every answer.
+    """
+    unasked = [qid for qid in policy.questions if qid not in answers]
+    if not unasked or any(answer_problem(answer) for answer in answers.values()):
+        return ()
+    reads = [rule.reads for rule in policy.rules]
+    if any(read is None for read in reads) or any(label.reads_answers for label in policy.labels):
+        return tuple(unasked)
+    variables = cel_variables(policy, answers, call, context, flow)
+    for i, rule in enumerate(policy.rules):
+        try:
+            if rule.program.execute(variables) is True:
+                return ()
+        except Exception:  # a missing answer, or a failure evaluate_rules reports
+            later = {qid for read in reads[i:] for qid in read or ()}
+            wanted = [qid for qid in unasked if qid in (later if answers else set(rule.reads or ()))]
+            return tuple(wanted[:1] if not answers else wanted)
+    return ()
+
+
 def failed_decision(
     policy: Policy,
     error: str,

@@ -65,6 +65,10 @@ class CompiledRule:
     message: str
     source: str
     program: Any = field(repr=False)
+    reads: tuple[str, ...] | None = None
+    """The questions ``when`` reads, by name (``answers.x`` or ``answers["x"]``); ``None`` when it
+    reads the answers map itself (``has(answers.x)``, ``answers.size()``, ...): then every
+    question must be answered before it can be evaluated."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,10 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
             )
         applies_program = _compile(spec.applies_to.when, ["applies_to", "when"], where, spec)
     rules = tuple(
-        CompiledRule(rule.id, rule.then, rule.message, rule.when, _compile(rule.when, ["rules", i, "when"], where, spec))
+        CompiledRule(
+            rule.id, rule.then, rule.message, rule.when, _compile(rule.when, ["rules", i, "when"], where, spec),
+            answers_read(rule.when, spec.questions),
+        )
         for i, rule in enumerate(spec.rules)
     )
     labels = tuple(_compile_label(label, i, where, spec) for i, label in enumerate(spec.labels))
@@ -270,6 +277,16 @@ def probe_answers(questions: Mapping[str, Noul | Choice | Score]) -> dict[str, A
 
 _REGEX_LITERAL = re.compile(r"""\.matches\(\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*\)""")
 _REFERENCE = re.compile(r"\b(answers|thresholds)\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']*)[\"']\s*\])")
+
+
+def answers_read(expression: str, questions: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The questions ``expression`` reads by name, in ``questions``' order; ``None`` when it reads
+    ``answers`` in any other way (so a missing answer could change its value, not just fail it)."""
+    named = {m.start(): m.group(2) or m.group(3) for m in _REFERENCE.finditer(expression) if m.group(1) == "answers"}
+    for use in re.finditer(r"\banswers\b", expression):
+        if use.start() not in named or re.search(r"\bhas\s*\(\s*$", expression[: use.start()]):
+            return None
+    return tuple(qid for qid in questions if qid in named.values())
 
 
 def _compile(expression: str, path: list[Any], where: Locator, spec: PolicyFile) -> Any:

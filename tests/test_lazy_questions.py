@@ -1,0 +1,161 @@
+"""Lazy questions: a policy asks only what its rules need, and decides exactly what all its answers would."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import HumanMessage
+from model import ScriptedDecisionModel
+
+from clef_guard import Guard, load_policies, parse_policy
+from clef_guard.engine.answers import build_answer
+from clef_guard.engine.requests import parse_questions
+from clef_guard.gate.guard import situation
+from clef_guard.gate.rules import cel_value, evaluate_rules, next_questions
+from clef_guard.policy.load import builtin_policies
+
+SHIPPED = [p for p in load_policies(*builtin_policies()) if p.questions]
+CALLS = [
+    {"name": "delete_file", "args": {"path": "notes/old.log"}},
+    {"name": "shell", "args": {"command": "rm -rf / --no-preserve-root"}},
+    {"name": "run_sql", "args": {"query": "DELETE FROM orders"}},
+    {"name": "run_sql", "args": {"query": "DELETE FROM orders WHERE id = 4"}},
+    {"name": "send_email", "args": {"to": "ana@partner.example", "subject": "Q3", "body": "figures attached"}},
+    {"name": "transfer_money", "args": {"amount": 1200, "to_account": "DE44 5001 0517 5407 3249 31"}},
+    {"name": "share_file", "args": {"path": "crm/customers.csv", "with": "anyone"}},
+    {"name": "route", "args": {}},
+]
+
+
+def _answers(policy: Any, draw: st.DrawFn) -> dict[str, Any]:
+    answers = {}
+    for parsed in parse_questions(policy.questions):
+        weights = [draw(st.floats(0.001, 1.0)) for _ in parsed.options]
+        answers[parsed.id] = build_answer(parsed, [w / sum(weights) for w in weights])
+    return answers
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_lazy_rounds_decide_what_every_answer_decides(data: st.DataObject) -> None:
+    policy = data.draw(st.sampled_from(SHIPPED), label="policy")
+    call, flow = situation(data.draw(st.sampled_from(CALLS), label="call"), None, {})
+    every = _answers(policy, data.draw)
+    eager = evaluate_rules(policy, every, call, {}, flow=flow)
+    asked: dict[str, Any] = {}
+    rounds = 0
+    while wanted := next_questions(policy, asked, call, {}, flow):
+        assert not set(wanted) & set(asked), "a question is never asked twice"
+        asked.update({qid: every[qid] for qid in wanted})
+        rounds += 1
+    lazy = evaluate_rules(policy, asked, call, {}, flow=flow)
+    assert (lazy.action, lazy.rule, lazy.message, lazy.error) == (eager.action, eager.rule, eager.message, eager.error)
+    assert rounds <= 2  # the first question, then what the remaining rules read
+
+
+WHOLE_MAP = textwrap.dedent(
+    """\
+    version: 1
+    name: whole-map
+    applies_to: {tools: [delete_*]}
+    questions:
+      a: {type: noul, instructions: 'Question a?'}
+      b: {type: noul, instructions: 'Question b?'}
+    rules:
+      - {id: one, when: 'answers.a > 0.5 || has(answers.b)', then: confirm, message: m}
+    """
+)
+
+
+def test_a_rule_that_reads_the_answers_map_as_a_whole_asks_every_question_at_once() -> None:
+    policy = parse_policy(WHOLE_MAP)
+    call, flow = situation({"name": "delete_file", "args": {}}, None, {})
+    assert policy.rules[0].reads is None
+    assert next_questions(policy, {}, call, {}, flow) == ("a", "b")
+
+
+DESTRUCTIVE = textwrap.dedent(
+    """\
+    version: 1
+    name: destructive
+    applies_to: {tools: [delete_*]}
+    questions:
+      destructive: {type: noul, instructions: 'Would this delete data?'}
+      scope:
+        type: score
+        instructions: 'How much data is affected?'
+        criteria: [one item, a folder, everything]
+      requested: {type: noul, instructions: 'Did the user ask for it?'}
+    thresholds: {destructive: 0.7, requested: 0.7}
+    rules:
+      - {id: root, when: 'tool.args.path == "/"', then: deny, message: never the root}
+      - {id: big, when: 'answers.destructive >= thresholds.destructive && answers.scope.score >= 1.5', then: escalate, message: big}
+      - {id: unasked, when: 'answers.destructive >= thresholds.destructive && answers.requested < thresholds.requested', then: confirm, message: not asked}
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "script", "asked", "action"),
+    [
+        ("/", {}, [], "deny"),  # a rule over the call alone decides: the engine is never asked
+        ("a.txt", {"delete": 0.1}, [["destructive"]], "allow"),
+        ("a.txt", {"delete": 0.9, "How much": "0", "ask for": 0.2}, [["destructive"], ["scope", "requested"]], "confirm"),
+        ("a.txt", {"delete": 0.9, "How much": "2"}, [["destructive"], ["scope", "requested"]], "deny"),
+    ],
+)
+def test_a_lazy_guard_asks_in_rounds_and_gives_the_eager_verdict(
+    path: str, script: dict[str, Any], asked: list[list[str]], action: str
+) -> None:
+    verdicts = {}
+    for lazy in (True, False):
+        engine = ScriptedDecisionModel(script=script)
+        guard = Guard([parse_policy(DESTRUCTIVE)], engine=engine, lazy=lazy)
+        verdicts[lazy] = guard.check({"name": "delete_file", "args": {"path": path}, "id": "c1"}, {"messages": []})
+        if lazy:
+            names = {q.instructions: qid for qid, q in guard.policies[0].questions.items()}
+            assert [[names[q.instructions] for q in call["questions"].values()] for call in engine.calls] == asked
+    assert verdicts[True].action == verdicts[False].action == action
+    assert verdicts[True].rule == verdicts[False].rule
+
+
+def test_lazy_rounds_share_one_timeout() -> None:
+    engine = ScriptedDecisionModel(script={"delete": 0.9}, delay_s=0.3)
+    guard = Guard([parse_policy(DESTRUCTIVE)], engine=engine, lazy=True, timeout_s=0.45)
+    verdict = guard.check({"name": "delete_file", "args": {"path": "a.txt"}, "id": "c1"}, {"messages": []})
+    assert verdict.action == "deny" and "did not answer" in (verdict.error or "")
+
+
+def _numbers(answer: Any) -> dict[str, float]:
+    value = cel_value(answer)
+    return {"yes": value} if isinstance(value, float) else {str(k): float(v) for k, v in value["probabilities"].items()}
+
+
+def test_the_embedded_engine_asks_lazily_on_a_cpu_and_agrees_with_asking_everything(engine: Any) -> None:
+    assert engine.lazy_questions is True
+    policies = load_policies("destructive-actions", "outbound-communication")
+    state = {"messages": [HumanMessage("Tidy the build folder and tell Ana at the agency the release moved to Friday.")]}
+    calls = [
+        {"name": "delete_file", "args": {"path": "build/cache/tmp-1.bin"}, "id": "a"},
+        {"name": "write_file", "args": {"path": "notes/friday.md", "content": "Release moved to Friday."}, "id": "b"},
+        {"name": "send_email", "args": {"to": "ana@agency.example", "body": "The release moved to Friday."}, "id": "c"},
+        {"name": "shell", "args": {"command": "rm -rf / "}, "id": "d"},
+    ]
+    for call in calls:
+        engine.clear_prefix_cache()
+        eager = Guard(policies, engine=engine, lazy=False).check(call, state)
+        engine.clear_prefix_cache()
+        lazy = Guard(policies, engine=engine).check(call, state)
+        assert (lazy.action, lazy.policy, lazy.rule) == (eager.action, eager.policy, eager.rule), call["name"]
+        for first, second in zip(eager.decisions, lazy.decisions, strict=True):
+            assert set(second.answers) <= set(first.answers)
+            for qid, answer in second.answers.items():
+                assert _numbers(answer) == pytest.approx(_numbers(first.answers[qid]), abs=1e-4), qid
+        fewer = sum(map(len, (d.answers for d in lazy.decisions))) < sum(map(len, (d.answers for d in eager.decisions)))
+        computed = lazy.input_tokens - lazy.cached_tokens, eager.input_tokens - eager.cached_tokens
+        assert computed[0] < computed[1] if fewer else computed[0] <= computed[1] + 8, (call["name"], computed)
+    assert Guard(policies, engine=engine).check(calls[3], state).input_tokens == 0  # rm -rf /: the rules alone
