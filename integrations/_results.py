@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Union
 
 import typing_extensions
@@ -87,17 +87,28 @@ class ResultReviews:
         with self._lock:
             self._held.pop(key, None)
 
-    def review(self, message: ToolMessage, verdict: Verdict, *, ran_again: bool) -> ToolMessage:
+    def review(
+        self,
+        message: ToolMessage,
+        verdict: Verdict,
+        *,
+        ran_again: bool,
+        on_answer: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> ToolMessage:
         """What the agent reads of ``message`` once a person has answered.
 
         ``ran_again``: the tool ran in this run of the node, so a resumed review may have seen
         another result; then only an approval naming this result's digest releases it.
+        ``on_answer`` gets the answer when it is known to be about this result (the review log).
         """
         text = message.text
         digest = result_digest(text)
         decision = interrupt(self.request(message, verdict, digest), response_schema=self._schema)
         kind = decision.get("type")
-        if kind == "approve" and (not ran_again or decision.get("result_digest") == digest):
+        about_this = not ran_again or decision.get("result_digest") == digest
+        if on_answer is not None and about_this:
+            on_answer(decision)
+        if kind == "approve" and about_this:
             return message
         if kind == "respond":
             return ToolMessage(content=decision["message"], tool_call_id=message.tool_call_id, name=message.name, status="success")

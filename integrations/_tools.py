@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import threading
@@ -128,7 +129,7 @@ class ToolGate:
             self.guard.check(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
-        screened = self._screened(result, found, checked, held_key, ran_again=held is None)
+        screened = self._screened(result, found, checked, held_key, ran_again=held is None, reviewing=_reviewing(request, info))
         return self._read_ahead(request, self._recorded(request, outcome, screened, verdict, checked))
 
     async def awrap(
@@ -151,7 +152,7 @@ class ToolGate:
             await self.guard.acheck(outcome, request.state, phase="after_tool", tool_result=m.text, tool_info=info)
             for m in found
         ]
-        screened = self._screened(result, found, checked, held_key, ran_again=held is None)
+        screened = self._screened(result, found, checked, held_key, ran_again=held is None, reviewing=_reviewing(request, info))
         return self._read_ahead(request, self._recorded(request, outcome, screened, verdict, checked))
 
     def _read_ahead(self, request: ToolCallRequest, returned: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
@@ -214,6 +215,22 @@ class ToolGate:
         )
         return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"], status="error")
 
+    def _log_result_review(
+        self, verdict: Verdict, decision: Mapping[str, Any], *, state: Any, thread: str, description: str | None
+    ) -> None:
+        """Write a reviewer's answer about a tool result: ``should_read`` of the window the deciding policy read."""
+        assert self.review_log is not None  # only called with a review log
+        policy = next(p for p in self.guard.policies if p.name == verdict.policy)
+        seen = None
+        if self.review_log.reads_state:
+            deciding = next(d for d in verdict.decisions if d.policy == verdict.policy)
+            result = verdict.tool_call.get("result") or ""
+            start, end = deciding.span or (0, len(result))
+            seen = engine_state(policy, {**verdict.tool_call, "result": result[start:end]}, state, description)
+        self.review_log.record(
+            verdict, decision, questions=policy.questions, state=seen, thread=thread, engine=self.guard.engine, asks="should_read"
+        )
+
     def review_request(self, call: ToolCall, verdict: Verdict, state: Any = None) -> dict[str, Any]:
         """The interrupt value: LangChain's ``tool_approval`` shape plus clef-guard's reasons.
 
@@ -257,14 +274,22 @@ class ToolGate:
         return message
 
     def _screened(
-        self, result: ToolMessage | Command[Any], found: list[ToolMessage], verdicts: list[Verdict], held_key: Any, *, ran_again: bool
+        self,
+        result: ToolMessage | Command[Any],
+        found: list[ToolMessage],
+        verdicts: list[Verdict],
+        held_key: Any,
+        *,
+        ran_again: bool,
+        reviewing: dict[str, Any],
     ) -> ToolMessage | Command[Any]:
         """``result`` with each of its tool messages that the ``after_tool`` policies deny withheld, and
         each one they escalate as a reviewer answers (:mod:`clef_guard.integrations._results`; the
-        result is held across the interrupt, so the tool does not run again on resume)."""
+        result is held across the interrupt, so the tool does not run again on resume). ``reviewing``
+        (state, thread, description) goes to the review log with each reviewer's answer."""
         if any(v.action == "escalate" for v in verdicts):
             self.results.hold(held_key, result)
-        replaced = {id(m): self._screen(m, v, ran_again) for m, v in zip(found, verdicts, strict=True)}
+        replaced = {id(m): self._screen(m, v, ran_again, reviewing) for m, v in zip(found, verdicts, strict=True)}
         self.results.release(held_key)  # reached once every review has its answer
         if isinstance(result, ToolMessage) or not replaced:
             return replaced.get(id(result), result)  # type: ignore[return-value]
@@ -274,13 +299,14 @@ class ToolGate:
         }
         return dataclasses.replace(result, update=update)
 
-    def _screen(self, result: ToolMessage, verdict: Verdict, ran_again: bool) -> ToolMessage:
+    def _screen(self, result: ToolMessage, verdict: Verdict, ran_again: bool, reviewing: dict[str, Any]) -> ToolMessage:
         """A tool result as the agent may read it: withheld when the ``after_tool`` policies deny, as a
         reviewer answers when they escalate."""
         if verdict.action in ("allow", "confirm"):
             return result
         if verdict.action == "escalate":
-            return self.results.review(result, verdict, ran_again=ran_again)
+            log = None if self.review_log is None else functools.partial(self._log_result_review, verdict, **reviewing)
+            return self.results.review(result, verdict, ran_again=ran_again, on_answer=log)
         return ToolMessage(
             content=(
                 f"The result of `{result.name}` was withheld by policy '{verdict.policy}' (rule '{verdict.rule}'): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from typing import Any
 
@@ -17,6 +18,7 @@ from langgraph.types import Command
 from model import ScriptedDecisionModel
 
 from clef_guard import Guard, parse_policy
+from clef_guard.telemetry.reviews import ReviewLog
 
 SCREEN = textwrap.dedent(
     """\
@@ -35,7 +37,7 @@ PAGE = "".join(f"Paragraph {i}: opening hours and prices.\n" for i in range(30))
 CONFIG = {"configurable": {"thread_id": "review"}}
 
 
-def _agent(runs: list[int], checkpointer: InMemorySaver) -> Any:
+def _agent(runs: list[int], checkpointer: InMemorySaver, review_log: ReviewLog | None = None) -> Any:
     @tool
     def fetch_page(url: str) -> str:
         """Fetch a web page."""
@@ -44,7 +46,8 @@ def _agent(runs: list[int], checkpointer: InMemorySaver) -> Any:
 
     guard = Guard([parse_policy(SCREEN)], engine=ScriptedDecisionModel(script={"instruct": 0.1}, on_state={"Assistant, please": 0.6}), human_review=True)
     model = ScriptedChatModel(turns=[[("fetch_page", {"url": "https://shop.example"})], "done"])
-    return create_agent(model, [fetch_page], middleware=[GuardMiddleware(guard)], checkpointer=checkpointer)
+    middleware = GuardMiddleware(guard) if review_log is None else GuardMiddleware(guard, review_log=review_log)
+    return create_agent(model, [fetch_page], middleware=[middleware], checkpointer=checkpointer)
 
 
 def _results(result: Any) -> list[ToolMessage]:
@@ -99,3 +102,16 @@ def test_after_a_resume_elsewhere_only_an_approval_of_the_new_result_releases_it
         Command(resume={pending.id: {"type": "approve", "result_digest": again}}), thread, version="v2"
     ))
     assert message.status == "success" and message.text.endswith("(served 2 times)")
+
+
+@pytest.mark.parametrize(("answer", "label"), [({"type": "approve"}, "yes"), ({"type": "reject"}, "no")])
+def test_a_result_review_is_a_row_of_the_review_log_about_the_window_reviewed(tmp_path: Any, answer: dict[str, Any], label: str) -> None:
+    log = ReviewLog(tmp_path / "reviews.jsonl", record_states=True)
+    agent = _agent([], InMemorySaver(), log)
+    (pending,) = agent.invoke({"messages": [("user", "prices?")]}, CONFIG, version="v2").interrupts
+    agent.invoke(Command(resume={pending.id: answer}), CONFIG, version="v2")
+    (row,) = [json.loads(line) for line in (tmp_path / "reviews.jsonl").read_text().splitlines()]
+    assert (row["policy"], row["rule"], row["decision"]) == ("screen", "unsure", answer["type"])
+    assert row["labels"] == {"should_read": label} and set(row["questions"]) == {"should_read", "injection"}
+    seen = json.dumps(row["state"])
+    assert "Assistant, please" in seen and "Paragraph 0:" not in seen  # what the policy read: the suspicious window

@@ -8,9 +8,11 @@ Each row is one reviewed verdict, written as ``clef-guard train --data`` and ``c
      "state": what the engine read (only with record_states=True),
      "features": what the backbone read of it, per question (only with record_features=True)}
 
-How an answer becomes labels: every row asks :data:`SHOULD_RUN` of the call, labelled
-``yes`` when the reviewer approved it unchanged and ``no`` when they edited, rejected or
-answered in its place. A reviewer may also correct the policy's own questions in the
+How an answer becomes labels: every row of a reviewed call asks :data:`SHOULD_RUN` of it,
+labelled ``yes`` when the reviewer approved it unchanged and ``no`` when they edited,
+rejected or answered in its place; a reviewed tool result (an ``after_tool`` escalation)
+asks :data:`SHOULD_READ` of the window the policy found suspicious, ``yes`` when the
+reviewer let the agent read it. A reviewer may also correct the policy's own questions in the
 resume payload (``{"type": "approve", "corrections": {"requested": true}}``); those
 become labels of the deciding policy's questions. Nothing else is guessed from the rule
 that fired. States hold private data, so they are written only when asked for. Features
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
 
 SHOULD_RUN = Noul(instructions="Should this tool call run without asking a person first?")
 """The question every reviewed call answers (``should_run`` in a row)."""
+SHOULD_READ = Noul(instructions="Should the agent read this tool result without a person checking it first?")
+"""The question every reviewed tool result answers (``should_read`` in a row)."""
+REVIEW_QUESTIONS = {"should_run": SHOULD_RUN, "should_read": SHOULD_READ}
+"""The review questions by row key: a call's, and a result's."""
 
 
 class ReviewLog:
@@ -69,18 +75,21 @@ class ReviewLog:
         state: Any = None,
         thread: str = "",
         engine: BaseDecisionModel | None = None,
+        asks: str = "should_run",
     ) -> dict[str, Any] | None:
         """Write the row of ``verdict`` answered by ``decision``.
 
         ``questions`` are the deciding policy's, ``state`` what the engine read for it, and
         ``engine`` the guard's (a :class:`LocalDecisionModel` reads the features; another
         engine's rows have none). A failure to read them leaves them out and names its kind
-        in ``features_error``: the reviewer's answer is written all the same.
+        in ``features_error``: the reviewer's answer is written all the same. ``asks``: the
+        review question the answer labels (a key of :data:`REVIEW_QUESTIONS`).
 
         Returns the row, or ``None`` when this review was already written (a node re-run on resume).
         """
         kind = str(decision.get("type"))
-        key = to_json([thread, verdict.tool_call.get("id"), verdict.tool_call.get("args"), verdict.policy, kind])
+        review = REVIEW_QUESTIONS[asks]
+        key = to_json([thread, verdict.tool_call.get("id"), verdict.tool_call.get("args"), verdict.policy, kind, asks])
         row_id = hashlib.sha256(key.encode()).hexdigest()[:16]
         with self._lock:
             if row_id in self._written:
@@ -98,9 +107,9 @@ class ReviewLog:
             "action": verdict.action,
             "decision": kind,
             "answers": {qid: answer.model_dump(mode="json") for qid, answer in answers.items()},
-            "questions": {"should_run": SHOULD_RUN.model_dump(mode="json"), **{q: v.model_dump(mode="json") for q, v in questions.items()}},
+            "questions": {asks: review.model_dump(mode="json"), **{q: v.model_dump(mode="json") for q, v in questions.items()}},
             "labels": {
-                "should_run": "yes" if kind == "approve" else "no",
+                asks: "yes" if kind == "approve" else "no",
                 **{str(qid): value for qid, value in corrections.items() if qid in questions},
             },
         }
@@ -108,7 +117,7 @@ class ReviewLog:
             row["state"] = jsonable(state)
         if self.record_features and state is not None and isinstance(engine, LocalDecisionModel):
             try:
-                row["features"] = engine.feature_record(state, {"should_run": SHOULD_RUN, **questions})
+                row["features"] = engine.feature_record(state, {asks: review, **questions})
             except Exception as exc:  # the review stands without them
                 row["features_error"] = type(exc).__name__
         with self._lock:
