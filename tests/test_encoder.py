@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -89,3 +90,34 @@ def test_an_encoder_that_is_not_there_is_a_clear_error(tmp_path: Any) -> None:
     engine = LocalDecisionModel(encoder=str(tmp_path / "no-such-encoder"))
     with pytest.raises(ModelLoadError, match="no-such-encoder"):
         engine.invoke({"state": "hello", "questions": {"route": ROUTE}})
+
+
+def test_a_choice_with_examples_is_read_by_the_encoder_from_its_examples(reader: LocalDecisionModel) -> None:
+    queues = Choice(
+        instructions="Which queue takes this?",
+        criteria={
+            "queue_a": {"examples": ["The toner is empty.", "Paper is stuck in tray 2.", "It prints blank pages."]},
+            "queue_b": {"examples": ["My pay was short this month.", "When do we get the bonus?", "Tax code looks wrong."]},
+            "queue_c": {"description": "anything else", "examples": ["Where is the fire exit?"]},
+        },
+    )
+    response = reader.invoke({"state": [HumanMessage("The printer jams on every double-sided job.")], "questions": {"queue": queues}})
+    assert response.answers["queue"].choice == "queue_a"
+    assert response.usage is not None and response.usage["input_tokens"] == 0  # three options, but topical: the encoder's
+
+
+@pytest.mark.parametrize(
+    ("option", "problem"),
+    [
+        ({"examples": "one text"}, "must be a list of non-empty texts"),
+        ({"examples": ["ok", ""]}, "must be a list of non-empty texts"),
+        ({"examples": ["ok"], "weight": 2}, "has keys ['weight']"),
+    ],
+)
+def test_bad_examples_name_the_question_and_option(option: dict[str, Any], problem: str) -> None:
+    from clef_guard.engine.requests import parse_questions
+    from clef_guard.errors import RequestError
+
+    with pytest.raises(RequestError, match=re.escape(problem)) as raised:
+        parse_questions({"queue": Choice(instructions="Which queue?", criteria={"printers": option, "pay": "salary questions"})})
+    assert raised.value.question == "queue" and raised.value.field == "criteria.printers"

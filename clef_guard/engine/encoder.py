@@ -9,9 +9,11 @@ all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0, 22M parameters), shipped in
 under :func:`~clef_guard.engine.backbone.cache_dir`. Texts are mean-pooled and L2-normalised,
 as the model was trained.
 
-An option reads as its label in words, then its description (``label_text``); a request reads
-as the last thing the user typed (the whole state when it holds no user turn). Probabilities
-are a softmax of :data:`ENCODER_SCALE` times the cosine.
+An option reads as its label in words, then its description (``label_text``), and, when the
+question gives examples (``{"description": ..., "examples": [...]}``), as the normalised mean
+of that text's vector and its examples'; a request reads as the last thing the user typed
+(the whole state when it holds no user turn). Probabilities are a softmax of
+:data:`ENCODER_SCALE` times the cosine.
 """
 
 from __future__ import annotations
@@ -95,7 +97,11 @@ class Encoder:
             if cached is not None:
                 self._options.move_to_end(question.key)
                 return cached
-        vectors = self.embed([label_text(label, text) for label, text in zip(question.options, question.descriptions, strict=True)])
+        examples = question.examples or ((),) * len(question.options)
+        texts = [[label_text(label, text), *shown] for label, text, shown in zip(question.options, question.descriptions, examples, strict=True)]
+        flat = self.embed([text for option in texts for text in option])
+        sizes = [len(option) for option in texts]
+        vectors = torch.stack([torch.nn.functional.normalize(part.mean(0), dim=0) for part in flat.split(sizes)])
         with self._lock:
             self._options[question.key] = vectors
             while len(self._options) > _CACHE_SIZE:

@@ -139,7 +139,7 @@ class LocalDecisionModel(BaseDecisionModel):
     and each option's embedding is matched against the question (one pass however many).
     Set it to 255 to list every choice."""
     encoder: str | None = "auto"
-    """What reads wide choices: a sentence encoder (:mod:`clef_guard.engine.encoder`) matching
+    """What reads wide choices and choices whose options carry examples: a sentence encoder (:mod:`clef_guard.engine.encoder`) matching
     the user's request to each option's words, or ``None`` for the backbone (and head).
     ``"auto"``: the embedded all-MiniLM-L6-v2 when its distribution is installed; or the
     embedded encoder's name, or a local folder of a sentence-transformers model. On label sets
@@ -238,8 +238,10 @@ class LocalDecisionModel(BaseDecisionModel):
         return "wide" if wide else question.kind
 
     def reads_with_encoder(self, question: ParsedQuestion) -> bool:
-        """Whether the sentence encoder answers ``question`` (a wide choice, with an encoder)."""
-        return self.reading(question) == "wide" and self.sentence_encoder is not None
+        """Whether the sentence encoder answers ``question``: a wide choice, or a choice whose options
+        carry examples (a topical choice), when there is an encoder."""
+        topical = self.reading(question) == "wide" or (question.kind == "choice" and bool(question.examples))
+        return topical and self.sentence_encoder is not None
 
     @property
     def sentence_encoder(self) -> Encoder | None:

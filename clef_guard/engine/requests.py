@@ -41,11 +41,14 @@ class ParsedQuestion:
     options: tuple[str, ...]
     descriptions: tuple[JsonValue, ...]
     source: Noul | Choice | Score
+    examples: tuple[tuple[str, ...], ...] = ()
+    """A choice's example texts per option (``criteria: {label: {"description": ..., "examples": [...]}}``);
+    empty when no option has any."""
 
     @property
     def key(self) -> str:
-        """What the question asks, independent of its id: kind, instructions, options and their descriptions."""
-        body = to_json([self.kind, self.instructions, self.options, self.descriptions])
+        """What the question asks, independent of its id: kind, instructions, options, their descriptions and examples."""
+        body = to_json([self.kind, self.instructions, self.options, self.descriptions, *([self.examples] if self.examples else [])])
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -86,9 +89,9 @@ def _parse_one(qid: Any, raw: Any) -> ParsedQuestion:
     if isinstance(question, Choice):
         labels = tuple(question.criteria)
         _check_labels(qid, labels)
-        return ParsedQuestion(
-            qid, "choice", question.instructions, labels, tuple(question.criteria.values()), question
-        )
+        read = [_with_examples(qid, label, value) for label, value in question.criteria.items()]
+        examples = tuple(e for _, e in read) if any(e for _, e in read) else ()
+        return ParsedQuestion(qid, "choice", question.instructions, labels, tuple(d for d, _ in read), question, examples)
     levels = question.criteria
     if not MIN_SCORE_LEVELS <= len(levels) <= MAX_OPTIONS:
         raise RequestError(
@@ -122,6 +125,27 @@ def _coerce(qid: str, raw: Any) -> Noul | Choice | Score | Box:
 def _require_instructions(qid: str, instructions: JsonValue) -> None:
     if instructions is None or (isinstance(instructions, str) and not instructions.strip()) or instructions in ({}, []):
         raise RequestError("instructions must not be empty: write the full question", question=qid, field="instructions")
+
+
+MAX_EXAMPLES = 64
+"""Most example texts one option of a choice may carry."""
+
+
+def _with_examples(qid: str, label: str, value: JsonValue) -> tuple[JsonValue, tuple[str, ...]]:
+    """An option's description, and its example texts when it is written ``{"description": ..., "examples": [...]}``."""
+    if not (isinstance(value, Mapping) and "examples" in value):
+        return value, ()
+    extra = set(value) - {"description", "examples"}
+    examples = value["examples"]
+    if extra:
+        problem = f"has keys {sorted(extra)}; an option with examples has 'description' and 'examples' only"
+    elif not isinstance(examples, list) or not all(isinstance(e, str) and e.strip() for e in examples):
+        problem = "'examples' must be a list of non-empty texts"
+    elif len(examples) > MAX_EXAMPLES:
+        problem = f"has {len(examples)} examples; at most {MAX_EXAMPLES}"
+    else:
+        return value.get("description"), tuple(examples)
+    raise RequestError(f"option {label!r} {problem}", question=qid, field=f"criteria.{label}")
 
 
 def _check_labels(qid: str, labels: tuple[str, ...]) -> None:
