@@ -316,3 +316,19 @@ def test_a_wide_choice_matches_unseen_labels_and_a_head_sharpens_it(wide_engine:
     answer = served.invoke({"state": rows[0].state, "questions": {"q": question}}).answers["q"]
     (trained,) = predict(head, extract_features(wide_engine, [Example("s", rows[0].state, question, words[0])], cache=tmp_path))
     assert [answer.probabilities[w] for w in words] == pytest.approx(trained.tolist(), abs=1e-3)
+
+
+def test_processes_sharing_a_feature_cache_keep_each_others_features(tmp_path: Path) -> None:
+    """Two benchmarks (or a benchmark and `clef-guard train`) filling one cache lose nothing and do not collide."""
+    import subprocess
+    import sys
+
+    from clef_guard.training.features import _load, _save
+
+    path = tmp_path / "features" / "key.pt"
+    _save({"a": torch.ones(2)}, path)
+    other = f"import torch; from pathlib import Path; from clef_guard.training.features import _save; _save({{'b': torch.zeros(2)}}, Path({str(path)!r}))"
+    subprocess.run([sys.executable, "-c", other], check=True)
+    _save({"a": torch.ones(2), "c": torch.full((2,), 3.0)}, path)  # written after the other process: its "b" stays
+    assert set(_load(path)) == {"a", "b", "c"}
+    assert not list(path.parent.glob("*.tmp"))
