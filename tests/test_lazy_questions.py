@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 from model import ScriptedDecisionModel
+from test_gate import DESTRUCTIVE
 
 from clef_guard import Guard, load_policies, parse_policy
 from clef_guard.engine.answers import build_answer
@@ -78,34 +79,14 @@ def test_a_rule_that_reads_the_answers_map_as_a_whole_asks_every_question_at_onc
     assert next_questions(policy, {}, call, {}, flow) == ("a", "b")
 
 
-DESTRUCTIVE = textwrap.dedent(
-    """\
-    version: 1
-    name: destructive
-    applies_to: {tools: [delete_*]}
-    questions:
-      destructive: {type: noul, instructions: 'Would this delete data?'}
-      scope:
-        type: score
-        instructions: 'How much data is affected?'
-        criteria: [one item, a folder, everything]
-      requested: {type: noul, instructions: 'Did the user ask for it?'}
-    thresholds: {destructive: 0.7, requested: 0.7}
-    rules:
-      - {id: root, when: 'tool.args.path == "/"', then: deny, message: never the root}
-      - {id: big, when: 'answers.destructive >= thresholds.destructive && answers.scope.score >= 1.5', then: escalate, message: big}
-      - {id: unasked, when: 'answers.destructive >= thresholds.destructive && answers.requested < thresholds.requested', then: confirm, message: not asked}
-    """
-)
-
-
 @pytest.mark.parametrize(
     ("path", "script", "asked", "action"),
     [
         ("/", {}, [], "deny"),  # a rule over the call alone decides: the engine is never asked
         ("a.txt", {"delete": 0.1}, [["destructive"]], "allow"),
-        ("a.txt", {"delete": 0.9, "How much": "0", "ask for": 0.2}, [["destructive"], ["scope", "requested"]], "confirm"),
-        ("a.txt", {"delete": 0.9, "How much": "2"}, [["destructive"], ["scope", "requested"]], "deny"),
+        ("a.txt", {"delete": 0.95, "How much": "0"}, [["destructive"], ["scope"]], "confirm"),
+        ("a.txt", {"delete": 0.95, "How much": "2"}, [["destructive"], ["scope"]], "deny"),  # escalate, no reviewer
+        ("a.txt", {"delete": 0.6}, [["destructive"]], "deny"),  # unsure: escalate; scope never matters
     ],
 )
 def test_a_lazy_guard_asks_in_rounds_and_gives_the_eager_verdict(

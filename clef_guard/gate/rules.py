@@ -36,16 +36,26 @@ def evaluate_rules(
     unusable = next((f"answer {qid!r} {problem}" for qid, a in answers.items() if (problem := answer_problem(a))), None)
     if unusable is not None:
         return failed_decision(policy, f"the engine's {unusable}", answers=answers, calibrated=calibrated, escalated=escalated)
-    variables = cel_variables(policy, answers, call, context, flow)
-    for rule in policy.rules:
-        try:
-            holds = rule.program.execute(variables)
-        except Exception as exc:  # a rule that cannot be evaluated fails closed
-            error = f"rule {rule.id!r} could not be evaluated: {exc}"
-            return failed_decision(policy, error, rule=rule.id, answers=answers, calibrated=calibrated, escalated=escalated)
-        if holds is True:
-            return PolicyDecision(policy.name, rule.then, rule.id, rule.message, dict(answers), policy.thresholds, calibrated, None, escalated)
+    index, failure = first_deciding(policy, cel_variables(policy, answers, call, context, flow))
+    if failure is not None:  # a rule that cannot be evaluated fails closed
+        rule = policy.rules[index]
+        error = f"rule {rule.id!r} could not be evaluated: {failure}"
+        return failed_decision(policy, error, rule=rule.id, answers=answers, calibrated=calibrated, escalated=escalated)
+    if index < len(policy.rules):
+        rule = policy.rules[index]
+        return PolicyDecision(policy.name, rule.then, rule.id, rule.message, dict(answers), policy.thresholds, calibrated, None, escalated)
     return PolicyDecision(policy.name, policy.default, None, "", dict(answers), policy.thresholds, calibrated, None, escalated)
+
+
+def first_deciding(policy: Policy, variables: Mapping[str, Any]) -> tuple[int, Exception | None]:
+    """The index of the first rule that holds or fails (with its failure), or ``len(policy.rules)``."""
+    for index, rule in enumerate(policy.rules):
+        try:
+            if rule.program.execute(variables) is True:
+                return index, None
+        except Exception as exc:  # reported by the caller
+            return index, exc
+    return len(policy.rules), None
 
 
 def next_questions(
@@ -72,16 +82,13 @@ def next_questions(
     reads = [rule.reads for rule in policy.rules]
     if any(read is None for read in reads) or any(label.reads_answers for label in policy.labels):
         return tuple(unasked)
-    variables = cel_variables(policy, answers, call, context, flow)
-    for i, rule in enumerate(policy.rules):
-        try:
-            if rule.program.execute(variables) is True:
-                return ()
-        except Exception:  # a missing answer, or a failure evaluate_rules reports
-            later = {qid for read in reads[i:] for qid in read or ()}
-            wanted = [qid for qid in unasked if qid in (later if answers else set(rule.reads or ()))]
-            return tuple(wanted[:1] if not answers else wanted)
-    return ()
+    index, failure = first_deciding(policy, cel_variables(policy, answers, call, context, flow))
+    if failure is None:  # a rule holds, or none does: decided
+        return ()
+    # a missing answer, or a failure evaluate_rules reports once nothing it reads is missing
+    read_now = set(reads[index] or ()) if not answers else {qid for read in reads[index:] for qid in read or ()}
+    wanted = [qid for qid in unasked if qid in read_now]
+    return tuple(wanted if answers else wanted[:1])
 
 
 def failed_decision(
