@@ -29,7 +29,8 @@ when serving, so a rerun only pays for what is new.
   against the backbone alone on every task's test split that has one (``--limit`` rows).
 - readers: who should read a wide choice? BANKING77, HWU64 and CLINC150's test splits
   (``--limit`` rows), read wide by the backbone alone and the shipped head, beside the
-  sentence encoder (``LocalDecisionModel.encoder``) on the same rows.
+  sentence encoder (``LocalDecisionModel.encoder``) on the same rows, with the labels alone
+  and with ``--shots`` example texts a label drawn from the train split (fixed seed).
 
 In every suite, a test set whose question the engine reads wide is also scored with the
 sentence encoder (the ``sentence encoder`` row), when one is installed.
@@ -40,19 +41,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from langchain_core.decisions import Choice
 from rich.console import Console
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
-from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.requests import ParsedQuestion, parse_questions
 from clef_guard.training.datasets import load_task, sample_options
 from clef_guard.training.evaluate import score
 from clef_guard.training.examples import Example
@@ -119,11 +123,28 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
     raise SystemExit(f"unknown suite {name!r}: {', '.join(SUITES)}")
 
 
+def with_examples(question: ParsedQuestion, task: str, shots: int, seed: int = 0) -> ParsedQuestion:
+    """``question`` whose options carry ``shots`` texts each, drawn from ``task``'s train rows (``seed``)."""
+    if not shots:
+        return question
+    by_label: dict[str, list[str]] = defaultdict(list)
+    for row in load_task(task, "train"):
+        by_label[row.label].append(str(row.state))
+    rng = random.Random(seed)
+    criteria = {
+        label: {"description": text, "examples": rng.sample(by_label[label], min(shots, len(by_label[label])))}
+        for label, text in zip(question.options, question.descriptions, strict=True)
+    }
+    (parsed,) = parse_questions({"q": Choice(instructions=question.instructions, criteria=criteria)})
+    return parsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)
     parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
     parser.add_argument("--head", help="a head file to score next to the shipped one")
+    parser.add_argument("--shots", type=int, default=10, help="readers: example texts a label, from the train split (0: none)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit)
@@ -163,8 +184,11 @@ def main() -> None:
         (question,) = parse_questions({"q": rows[0].question})
         encoder = engine.sentence_encoder
         if encoder is not None and engine.reading(question) == "wide":
-            distributions = [encoder.probabilities(r.state, parse_questions({"q": r.question})[0]) for r in rows]
-            results.append({"test": f"{part.task} {part.split}", "head": "sentence encoder", **score(rows, distributions)})
+            for shots in (0, *([args.shots] if args.suite == "readers" and args.shots else [])):
+                asked = with_examples(question, part.task, shots)
+                distributions = [encoder.probabilities(r.state, asked) for r in rows]
+                name = "sentence encoder" + (f", {shots} train examples a label" if shots else "")
+                results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
     if args.json:
         print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
         return
