@@ -28,4 +28,4 @@ def uncached_engine() -> LocalDecisionModel:
 @pytest.fixture(scope="session")
 def wide_engine() -> LocalDecisionModel:
     """The backbone alone reading choices of more than 16 options wide, as training does; no prefix cache."""
-    return LocalDecisionModel(default_head=False, wide_choice_options=16, prefix_cache_size=0)
+    return LocalDecisionModel(default_head=False, wide_choice_options=16, prefix_cache_size=0, encoder=None)

@@ -140,6 +140,12 @@ class DecisionHead(nn.Module):
             return raw / self.question_temperatures[question]
         return raw / self.log_temperature[k].exp()
 
+    @property
+    def reads_wide(self) -> bool:
+        """Whether the wide map was trained: an untrained one is the identity, and the engine
+        then gives wide choices to its sentence encoder."""
+        return bool(self.match_up.any())
+
     def wide_map(self, vectors: torch.Tensor) -> torch.Tensor:
         """``[n, H]`` wide-choice vectors through the learned map ``1 + up @ down``."""
         return vectors + (vectors @ self.match_down.T) @ self.match_up.T
@@ -147,7 +153,7 @@ class DecisionHead(nn.Module):
     def save(self, path: str | Path) -> None:
         """Write the head as safetensors with its format and width in the metadata."""
         tensors = {name: value.detach().cpu().contiguous() for name, value in self.state_dict().items()}
-        for unused, names in ((not self.match_up.any(), _MATCH), (not self.hidden_out.any(), _HIDDEN)):
+        for unused, names in ((not self.reads_wide, _MATCH), (not self.hidden_out.any(), _HIDDEN)):
             if unused:  # an untrained wide map is the identity, an untrained hidden layer adds 0: load recreates them
                 tensors = {name: value for name, value in tensors.items() if name not in names}
         metadata = {"format": _FORMAT, "hidden_size": str(self.hidden_size)}

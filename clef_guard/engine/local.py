@@ -140,7 +140,8 @@ class LocalDecisionModel(BaseDecisionModel):
     Set it to 255 to list every choice."""
     encoder: str | None = "auto"
     """What reads wide choices and choices whose options carry examples: a sentence encoder (:mod:`clef_guard.engine.encoder`) matching
-    the user's request to each option's words, or ``None`` for the backbone (and head).
+    the user's request to each option's words, or ``None`` for the backbone (and head). A head
+    whose wide map was trained keeps reading wide choices.
     ``"auto"``: the embedded all-MiniLM-L6-v2 when its distribution is installed; or the
     embedded encoder's name, or a local folder of a sentence-transformers model. On label sets
     the head never saw it reads about twice as well as the backbone (docs/results.md)."""
@@ -238,9 +239,11 @@ class LocalDecisionModel(BaseDecisionModel):
         return "wide" if wide else question.kind
 
     def reads_with_encoder(self, question: ParsedQuestion) -> bool:
-        """Whether the sentence encoder answers ``question``: a wide choice, or a choice whose options
-        carry examples (a topical choice), when there is an encoder."""
-        topical = self.reading(question) == "wide" or (question.kind == "choice" and bool(question.examples))
+        """Whether the sentence encoder answers ``question``, when there is an encoder: a choice whose
+        options carry examples (a topical choice), or a wide choice unless the head's wide map was
+        trained (whoever trained it meant it to read them)."""
+        wide = self.reading(question) == "wide" and not (self._head is not None and self._head.reads_wide)
+        topical = wide or (question.kind == "choice" and bool(question.examples))
         return topical and self.sentence_encoder is not None
 
     @property
