@@ -27,10 +27,13 @@ when serving, so a rerun only pays for what is new.
   split (``clef-guard calibrate --task T ... --split dev``), scored on each test split.
 - shipped: no training; the shipped head (and ``--head``, a candidate to replace it)
   against the backbone alone on every task's test split that has one (``--limit`` rows).
-- readers: who should read a wide choice? BANKING77, HWU64 and CLINC150's test splits
-  (``--limit`` rows), read wide by the backbone alone and the shipped head, beside the
-  sentence encoder (``LocalDecisionModel.encoder``) on the same rows, with the labels alone
-  and with ``--shots`` example texts a label drawn from the train split (fixed seed).
+- readers: who should read a wide choice? BANKING77, HWU64, CLINC150 and BANKING77-OOS's
+  test splits (``--limit`` rows), read wide by the backbone alone and the shipped head,
+  beside the sentence encoder (``LocalDecisionModel.encoder``) on the same rows, with the
+  labels alone and with ``--shots`` example texts a label drawn from the train split (fixed
+  seed). Sets with an ``oos`` option report ``none_auroc`` (how well P(oos) tells the
+  out-of-scope rows from the rest); BANKING77-OOS also with each kind of out-of-scope row
+  alone (other banking intents, other domains).
 
 In every suite, a test set whose question the engine reads wide is also scored with the
 sentence encoder (the ``sentence encoder`` row), when one is installed.
@@ -116,11 +119,22 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
     if name == "shipped":
         return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
     if name == "readers":
-        return [], [Part(task, "test", limit) for task in ("banking77", "hwu64", "clinc150")]
+        return [], [Part(task, "test", limit) for task in ("banking77", "hwu64", "clinc150", "banking77-oos")]
     if name == "calibrated":
         recipe = Recipe("shipped, T per question on dev", (), tuple(Part(task, "dev", limit) for task in shipped), True)
         return [recipe], [Part(task, "test", limit) for task in shipped]
     raise SystemExit(f"unknown suite {name!r}: {', '.join(SUITES)}")
+
+
+def subsets(rows: list[Example]) -> list[tuple[str, list[int]]]:
+    """The whole test set, and where its out-of-scope rows come in kinds (BANKING77-OOS's
+    ``id-oos/``, other intents of the domain, and ``ood-oos/``, other domains), the in-scope
+    rows with each kind alone."""
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        kinds[row.id.split(":")[0].split("/")[0] if "oos/" in row.id else ""].append(i)
+    whole = [("", list(range(len(rows))))]
+    return whole + [(f", in scope + {kind}", sorted(kinds[""] + kept)) for kind, kept in kinds.items() if kind and len(kinds) > 2]
 
 
 def with_examples(question: ParsedQuestion, task: str, shots: int, seed: int = 0) -> ParsedQuestion:
@@ -144,7 +158,7 @@ def main() -> None:
     parser.add_argument("suite", choices=SUITES)
     parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
     parser.add_argument("--head", help="a head file to score next to the shipped one")
-    parser.add_argument("--shots", type=int, default=10, help="readers: example texts a label, from the train split (0: none)")
+    parser.add_argument("--shots", type=int, action="append", help="readers: example texts a label, from the train split (repeat; default 10)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit)
@@ -176,28 +190,30 @@ def main() -> None:
         heads[recipe.name] = head
         seconds[recipe.name] = time.perf_counter() - started
     results = []
+    shots = [0, *(args.shots or [10])] if args.suite == "readers" else [0]
     for part in tests:
         rows, features = read(part)
-        for name, head in heads.items():
-            distributions = [p.tolist() for p in predict(head, features)]
-            results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
+        readings = {name: [p.tolist() for p in predict(head, features)] for name, head in heads.items()}
         (question,) = parse_questions({"q": rows[0].question})
         encoder = engine.sentence_encoder
         if encoder is not None and engine.reading(question) == "wide":
-            for shots in (0, *([args.shots] if args.suite == "readers" and args.shots else [])):
-                asked = with_examples(question, part.task, shots)
-                distributions = [encoder.probabilities(r.state, asked) for r in rows]
-                name = "sentence encoder" + (f", {shots} train examples a label" if shots else "")
-                results.append({"test": f"{part.task} {part.split}", "head": name, **score(rows, distributions)})
+            for n in shots:
+                asked = with_examples(question, part.task, n)
+                name = "sentence encoder" + (f", {n} train examples a label" if n else "")
+                readings[name] = [encoder.probabilities(r.state, asked) for r in rows]
+        for name, distributions in readings.items():
+            for subset, kept in subsets(rows):
+                picked = [rows[i] for i in kept], [distributions[i] for i in kept]
+                results.append({"test": f"{part.task} {part.split}{subset}", "head": name, **score(*picked)})
     if args.json:
         print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
         return
     table = Table(title=f"quality: {args.suite}")
-    metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier")
+    metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "none_auroc")
     for column in ("test", "head", "n", *metrics):
         table.add_column(column)
     for r in results:
-        table.add_row(r["test"], r["head"], str(r["n"]), *(f"{r[k]:.3f}" for k in metrics))
+        table.add_row(r["test"], r["head"], str(r["n"]), *(f"{r[k]:.3f}" if k in r else "" for k in metrics))
     Console().print(table)
 
 

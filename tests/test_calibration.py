@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langchain_core.decisions import Choice
 
 from clef_guard.training.calibrate import (
     TEMPERATURE_RANGE,
@@ -23,6 +24,8 @@ from clef_guard.training.calibrate import (
     sampling_ece,
     stop_threshold,
 )
+from clef_guard.training.evaluate import auroc, score
+from clef_guard.training.examples import Example
 
 
 def _calibrated(n: int, seed: int) -> tuple[list[float], list[bool]]:
@@ -59,6 +62,20 @@ def test_sampling_ece_is_the_noise_a_calibrated_model_shows_on_few_answers() -> 
 def test_brier_score_of_known_distributions() -> None:
     assert brier_score([[1.0, 0.0], [0.5, 0.5]], [0, 1]) == pytest.approx((0 + 0.5) / 2)
     assert brier_score([[0.0, 0.0, 1.0]], [0]) == pytest.approx(2.0)
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.lists(st.integers(0, 5), min_size=1, max_size=12))
+def test_auroc_is_the_share_of_pairs_ranked_right(positives: list[int], negatives: list[int]) -> None:
+    pairs = [(p > n) + 0.5 * (p == n) for p in positives for n in negatives]
+    assert auroc(positives, negatives) == pytest.approx(sum(pairs) / len(pairs))
+
+
+def test_none_auroc_reads_the_none_options_probability() -> None:
+    question = Choice(instructions="Which?", criteria={"a": None, "b": None, "other": "none of these"})
+    rows = [Example(str(i), "text", question, label) for i, label in enumerate(["a", "b", "other", "other"])]
+    scored = score(rows, [[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.2, 0.5], [0.2, 0.5, 0.3]])
+    assert scored["none_auroc"] == pytest.approx(0.875)  # 3.5 of 4 (none, not none) pairs in order
+    assert "none_auroc" not in score(rows[:2], [[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
 
 
 def test_temperature_scaling_recovers_the_temperature_and_lowers_ece() -> None:

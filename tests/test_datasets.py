@@ -59,6 +59,18 @@ def test_intent_sets_have_every_intent_as_an_option() -> None:
     assert "oos" in clinc.question.criteria
 
 
+def test_banking77_oos_holds_out_intents_and_domains_as_out_of_scope() -> None:
+    splits = {split: load_task("banking77-oos", split) for split in SPLITS}
+    options = set(splits["train"][0].question.criteria)
+    assert len(options) == 51 and "oos" in options
+    for split, rows in splits.items():
+        kinds = {row.id.split(":")[0].split("/")[0] for row in rows if row.label == "oos"}
+        assert kinds == ({"id-oos"} if split == "train" else {"id-oos", "ood-oos"}), split
+        assert all(row.label == "oos" for row in rows if "oos/" in row.id)
+    in_scope = {row.label for row in splits["test"] if row.label != "oos"}
+    assert len(in_scope) == 50 and in_scope | {"oos"} == options
+
+
 def test_sampled_options_keep_the_answer_and_are_reproducible() -> None:
     rows = load_task("clinc150", "train", limit=30, seed=1) + load_task("metatool", "train", limit=3)
     sampled = sample_options(rows, 5)

@@ -121,3 +121,27 @@ def test_bad_examples_name_the_question_and_option(option: dict[str, Any], probl
     with pytest.raises(RequestError, match=re.escape(problem)) as raised:
         parse_questions({"queue": Choice(instructions="Which queue?", criteria={"printers": option, "pay": "salary questions"})})
     assert raised.value.question == "queue" and raised.value.field == "criteria.printers"
+
+
+@pytest.mark.parametrize("none", ["other", "none_of_the_above", "Out-of-scope"])
+def test_a_none_option_wins_only_when_nothing_else_is_close(reader: LocalDecisionModel, none: str) -> None:
+    def ask(text: str, description: str) -> Any:
+        question = Choice(instructions="Which helpdesk topic is this about?", criteria={**dict.fromkeys(TOPICS), none: description})
+        return reader.invoke({"state": [HumanMessage(text)], "questions": {"route": question}}).answers["route"]
+
+    assert ask("My badge stopped opening the front door.", "anything else").choice == "building_access_badge"
+    lost = ask("Who won the football match last night?", "anything else")
+    assert lost.choice == none and lost.probabilities[none] > 0.5
+    # it scores as a threshold on the best match: its own words do not move it
+    reworded = ask("Who won the football match last night?", "sport, weather, trivia and other small talk")
+    assert reworded.probabilities == pytest.approx(lost.probabilities, abs=1e-6)
+
+
+def test_a_none_option_with_examples_takes_what_resembles_them(reader: LocalDecisionModel) -> None:
+    def ask(other: Any) -> Any:
+        question = Choice(instructions="Which helpdesk topic is this about?", criteria={**dict.fromkeys(TOPICS), "other": other})
+        return reader.invoke({"state": [HumanMessage("Can you book me a table for lunch downstairs?")], "questions": {"route": question}})
+
+    plain = ask("anything else").answers["route"]
+    shown = ask({"description": "anything else", "examples": ["Reserve a table at the canteen.", "Book lunch for two."]}).answers["route"]
+    assert shown.choice == "other" and shown.probabilities["other"] > plain.probabilities["other"] + 0.2

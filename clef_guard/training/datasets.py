@@ -11,6 +11,9 @@ banking77    Choice: 77 banking intents            train.csv - dev   seeded 10% 
                                                                      of train.csv
 clinc150     Choice: 150 intents + ``oos``         train+oos_train   val+oos_val   test+oos_test
 hwu64        Choice: 64 assistant intents          train/            valid/        test/
+banking77-   Choice: 50 banking intents + ``oos``  train/ + id-oos/  valid/ +      test/ +
+oos          (the other 27 intents and other       train/            id-oos/ +     id-oos/ +
+             domains are out of scope)                               ood-oos/      ood-oos/
 when2call    Choice: tool_call / request_for_info  (test only)       (test only)   all 300 rows
              / cannot_answer
 tool-use     the same question, generated rows     seeded 70% of     15% of the    15% of the
@@ -69,6 +72,8 @@ from clef_guard.training.rows.tool_outputs import tool_output_examples
 from clef_guard.training.rows.tool_use import tool_use_examples
 
 DATASETS_ENV = "CLEF_GUARD_DATASETS"
+OUT_OF_SCOPE = "out of scope: none of the other intents"
+"""The ``oos`` option's description in the intent sets that have one (CLINC150, BANKING77-OOS)."""
 SPLITS = ("train", "dev", "test")
 
 def datasets_dir() -> Path:
@@ -167,7 +172,7 @@ def _clinc150(root: Path, split: str) -> list[Example]:
     intents = sorted({label for _, label in data["train"]})
     question = Choice(
         instructions="Which intent does this request to a virtual assistant express?",
-        criteria=dict.fromkeys(intents) | {"oos": "out of scope: none of the other intents"},
+        criteria=dict.fromkeys(intents) | {"oos": OUT_OF_SCOPE},
     )
     upstream = {"train": "train", "dev": "val", "test": "test"}[split]
     return [
@@ -177,18 +182,40 @@ def _clinc150(root: Path, split: str) -> list[Example]:
     ]
 
 
-def _hwu64(root: Path, split: str) -> list[Example]:
-    folder = root / "hwu64" / {"train": "train", "dev": "valid", "test": "test"}[split]
+_UPSTREAM_SPLIT = {"train": "train", "dev": "valid", "test": "test"}
+"""Our split names to the Few-Shot-Intent-Detection folders' (HWU64, BANKING77-OOS)."""
+
+
+def _text_and_label(folder: Path) -> list[tuple[str, str]]:
+    """A Few-Shot-Intent-Detection folder's rows: ``seq.in`` and ``label``, line by line."""
     texts, labels = (_read(folder / name).splitlines() for name in ("seq.in", "label"))
     if len(texts) != len(labels):
         raise ClefGuardError(f"{folder}: seq.in has {len(texts)} lines but label has {len(labels)}")
+    return list(zip(texts, labels, strict=True))
+
+
+def _hwu64(root: Path, split: str) -> list[Example]:
+    rows = _text_and_label(root / "hwu64" / _UPSTREAM_SPLIT[split])
     question = Choice(
         instructions="Which intent does this request to a virtual assistant express?",
         criteria=dict.fromkeys(sorted(set(_read(root / "hwu64" / "train" / "label").split()))),
     )
-    return [Example(f"{split}:{i}", text, question, label) for i, (text, label) in enumerate(zip(texts, labels))]
+    return [Example(f"{split}:{i}", text, question, label) for i, (text, label) in enumerate(rows)]
 
 
+def _banking77_oos(root: Path, split: str) -> list[Example]:
+    folder = root / "banking77-oos"
+    question = Choice(
+        instructions="Which banking intent does this customer message express?",
+        criteria=dict.fromkeys(sorted(set(_read(folder / "train" / "label").split()))) | {"oos": OUT_OF_SCOPE},
+    )
+    upstream = _UPSTREAM_SPLIT[split]
+    parts = [upstream, f"id-oos/{upstream}", *([f"ood-oos/{upstream}"] if split != "train" else [])]
+    return [
+        Example(f"{part}:{i}", text, question, label)
+        for part in parts
+        for i, (text, label) in enumerate(_text_and_label(folder / part))
+    ]
 
 
 def _when2call(root: Path, split: str) -> list[Example]:
@@ -292,6 +319,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "banking77": _banking77,
     "clinc150": _clinc150,
     "hwu64": _hwu64,
+    "banking77-oos": _banking77_oos,
     "when2call": _when2call,
     "assebench": partial(_trajectories, folder="assebench_security", file="AgentJudge-security.json"),
     "rjudge": partial(_trajectories, folder="rjudge", file="rjudge.json"),

@@ -21,6 +21,7 @@ from langchain_core.decisions import (
     State,
 )
 
+from clef_guard.engine.encoder import is_none_label
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.errors import ClefGuardError
@@ -82,18 +83,42 @@ def score(examples: Sequence[Example], distributions: Sequence[Sequence[float]])
     """``n``, accuracy, macro-F1, ECE and Brier of option probabilities (in each question's option order).
 
     ``ece_noise`` is the ECE a perfectly calibrated engine with the same confidences would show
-    on this many rows (:func:`sampling_ece`): the floor the measured ECE is read against.
+    on this many rows (:func:`sampling_ece`): the floor the measured ECE is read against. Where
+    a question has a "none of these" option (``oos``, ``other``, ...) and the rows hold both
+    kinds, ``none_auroc`` is how well its probability tells the rows that are none from the rest.
     """
     if not examples:
         raise ClefGuardError("no examples to score")
-    labels, predictions, gold = [], [], []
+    labels, predictions, gold, none_scores = [], [], [], []
     for example, probabilities in zip(examples, distributions, strict=True):
         (parsed,) = parse_questions({"q": example.question})
         labels.append(example.label)
         predictions.append(parsed.options[max(range(len(probabilities)), key=probabilities.__getitem__)])
         gold.append(parsed.options.index(example.label))
+        nones = [i for i, option in enumerate(parsed.options) if is_none_label(option)]
+        if nones:
+            none_scores.append((sum(probabilities[i] for i in nones), is_none_label(example.label)))
     metrics = calibration_metrics(distributions, gold)
-    return {"n": len(examples), "accuracy": metrics.pop("accuracy"), "macro_f1": macro_f1(labels, predictions), **metrics}
+    scored = {"n": len(examples), "accuracy": metrics.pop("accuracy"), "macro_f1": macro_f1(labels, predictions), **metrics}
+    positives = [s for s, none in none_scores if none]
+    negatives = [s for s, none in none_scores if not none]
+    if positives and negatives:
+        scored["none_auroc"] = auroc(positives, negatives)
+    return scored
+
+
+def auroc(positives: Sequence[float], negatives: Sequence[float]) -> float:
+    """The chance that a random positive scores above a random negative (ties count half)."""
+    ranked = sorted([(s, 1) for s in positives] + [(s, 0) for s in negatives])
+    rank_sum, start = 0.0, 0
+    while start < len(ranked):  # tied scores share the mean of their ranks
+        end = start
+        while end < len(ranked) and ranked[end][0] == ranked[start][0]:
+            end += 1
+        rank_sum += (start + end + 1) / 2 * sum(label for _, label in ranked[start:end])
+        start = end
+    n_pos, n_neg = len(positives), len(negatives)
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
 def macro_f1(labels: Sequence[str], predictions: Sequence[str]) -> float:
