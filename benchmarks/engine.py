@@ -11,9 +11,12 @@
   without the prefix cache over with it.
 - permutation_max_delta: largest change of any option's probability when the options
   of a 10-way choice are shuffled, over 20 states.
-- listed_over_wide_77: a 77-way choice (BANKING77's labels) on a short state, listed
-  (``wide_choice_options=255``: every label in the prompt and a branch each) over read
-  wide (the default for more than 16 options: no listing, cached option vectors).
+- route: a 77-way choice (BANKING77's labels) on BANKING77 test requests, p50/p95 per
+  route, read by the sentence encoder (the default for wide choices) with the labels alone
+  and with 10 train examples a label, beside the backbone reading it wide (``encoder=None``:
+  cached option vectors, one pass) and listing it (``wide_choice_options=255``: every label
+  in the prompt and a branch each); ``listed_over_encoder_77`` and
+  ``backbone_wide_over_encoder_77`` are the ratios of their p50s.
 - gate_p50/p95_ms: latency per gate with 1 and 4 questions on a 512-token state, on
   whatever device the engine picked (run it on a GPU for the GPU figures).
 - agent_loop: an agent's 12 turns through a ``Guard`` with the shipped destructive-actions
@@ -53,7 +56,7 @@ from rich.table import Table
 
 from clef_guard import Guard, LocalDecisionModel, load_policies
 from clef_guard.engine.state import state_segments
-from clef_guard.training.datasets import load_task
+from clef_guard.training.datasets import load_task, with_examples
 
 QUESTIONS: dict[str, Any] = {
     "destructive": Noul(instructions="Would the proposed tool call delete or overwrite data?"),
@@ -355,12 +358,6 @@ def run(repeats: int) -> dict[str, Any]:
         worst = max(worst, *(abs(a.choices["c"].probabilities[k] - b.choices["c"].probabilities[k]) for k in labels))
     results["permutation_max_delta"] = worst
 
-    banking = load_task("banking77", "test", limit=1)[0]
-    listing = LocalDecisionModel(prefix_cache_size=0, wide_choice_options=255)
-    wide_times = timed(ask(uncached, banking.state, {"c": banking.question}), repeats)  # timed() warms up once
-    listed_times = timed(ask(listing, banking.state, {"c": banking.question}), repeats)
-    results["listed_over_wide_77"] = statistics.median(listed_times) / statistics.median(wide_times)
-
     state512 = state_of_tokens(engine, 512)
     for n in (1, 4):
         times = timed(ask(uncached, state512, dict(list(QUESTIONS.items())[:n])), max(repeats, 20))
@@ -368,7 +365,30 @@ def run(repeats: int) -> dict[str, Any]:
     return results
 
 
-SUITES: dict[str, Callable[[int], dict[str, Any]]] = {"core": run, "agent": agent_loop_figures, "numerics": numerics_figures}
+def route_figures(repeats: int) -> dict[str, Any]:
+    """A 77-label route per reader, each timed on the same BANKING77 test requests (option vectors built first)."""
+    rows = load_task("banking77", "test", limit=max(20, 3 * repeats))
+    labels = rows[0].question
+    shots = with_examples(labels, "banking77", 10)
+    readers = {
+        "encoder": (LocalDecisionModel(prefix_cache_size=0), labels, rows),
+        "encoder_10_shot": (LocalDecisionModel(prefix_cache_size=0), shots, rows),
+        "backbone_wide": (LocalDecisionModel(prefix_cache_size=0, encoder=None), labels, rows),
+        "listed": (LocalDecisionModel(prefix_cache_size=0, wide_choice_options=255), labels, rows[:repeats]),  # seconds a route
+    }
+    results: dict[str, Any] = {}
+    for name, (engine, question, asked) in readers.items():
+        ask(engine, asked[0].state, {"c": question})()  # builds and caches the option vectors
+        times = [timed(ask(engine, row.state, {"c": question}), 1)[0] for row in asked]
+        results[f"route_77_{name}_p50_ms"], results[f"route_77_{name}_p95_ms"] = p50_p95_ms(times)
+    for name in ("listed", "backbone_wide"):
+        results[f"{name}_over_encoder_77"] = results[f"route_77_{name}_p50_ms"] / results["route_77_encoder_p50_ms"]
+    return results
+
+
+SUITES: dict[str, Callable[[int], dict[str, Any]]] = {
+    "core": run, "agent": agent_loop_figures, "numerics": numerics_figures, "route": route_figures,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -386,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     goals = {
         "onepass_vs_generate": ">= 5x", "q8_over_q1": "<= 1.5", "prefix_cache_speedup": ">= 5x",
         "gate_1q_p50_ms": "<= 450 (CPU)", "agent_lazy_p50_ms": "<= 120 (CPU)", "agent_lazy_p95_ms": "<= 250 (CPU)",
+        "route_77_encoder_p50_ms": "<= 30 (CPU)",
     }
     table = Table(title=f"clef-guard engine on {results.get('device', 'this machine')} ({results.get('model', LocalDecisionModel.model_fields['model'].default)})")
     table.add_column("measure")

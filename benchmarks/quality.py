@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -52,15 +51,14 @@ from dataclasses import dataclass
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from langchain_core.decisions import Choice
 from rich.console import Console
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
-from clef_guard.engine.requests import ParsedQuestion, parse_questions
-from clef_guard.training.datasets import load_task, sample_options
+from clef_guard.engine.requests import parse_questions
+from clef_guard.training.datasets import load_task, sample_options, with_examples
 from clef_guard.training.evaluate import score
 from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features
@@ -137,22 +135,6 @@ def subsets(rows: list[Example]) -> list[tuple[str, list[int]]]:
     return whole + [(f", in scope + {kind}", sorted(kinds[""] + kept)) for kind, kept in kinds.items() if kind and len(kinds) > 2]
 
 
-def with_examples(question: ParsedQuestion, task: str, shots: int, seed: int = 0) -> ParsedQuestion:
-    """``question`` whose options carry ``shots`` texts each, drawn from ``task``'s train rows (``seed``)."""
-    if not shots:
-        return question
-    by_label: dict[str, list[str]] = defaultdict(list)
-    for row in load_task(task, "train"):
-        by_label[row.label].append(str(row.state))
-    rng = random.Random(seed)
-    criteria = {
-        label: {"description": text, "examples": rng.sample(by_label[label], min(shots, len(by_label[label])))}
-        for label, text in zip(question.options, question.descriptions, strict=True)
-    }
-    (parsed,) = parse_questions({"q": Choice(instructions=question.instructions, criteria=criteria)})
-    return parsed
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)
@@ -198,7 +180,7 @@ def main() -> None:
         encoder = engine.sentence_encoder
         if encoder is not None and engine.reading(question) == "wide":
             for n in shots:
-                asked = with_examples(question, part.task, n)
+                (asked,) = parse_questions({"q": with_examples(rows[0].question, part.task, n)})
                 name = "sentence encoder" + (f", {n} train examples a label" if n else "")
                 readings[name] = [encoder.probabilities(r.state, asked) for r in rows]
         for name, distributions in readings.items():

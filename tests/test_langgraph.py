@@ -167,12 +167,20 @@ def test_intent_router_can_ask_a_person(engine: LocalDecisionModel) -> None:
     assert result.value["intent"]["route"] == "technical" and result.value["messages"][-1].text == "technical here"
 
 
-def test_intent_router_with_the_shipped_routing_policy(engine: LocalDecisionModel) -> None:
+@pytest.mark.parametrize(
+    ("text", "label", "route"),
+    [
+        ("Refund my last invoice, the amount was wrong.", "billing", "billing"),
+        ("Since the update the mobile app freezes on the login screen.", "technical", "technical"),
+        ("Please give me your best price for 30 licences.", "sales", "human"),
+        ("Who won the football match last night?", "other", "human"),  # no team is close: escalated
+    ],
+)
+def test_intent_router_with_the_shipped_routing_policy(engine: LocalDecisionModel, text: str, label: str, route: str) -> None:
     policy = Path(__file__).parent.parent / "policies" / "support-routing.yaml"
     routes = {"billing": "billing", "technical": "technical", "account": "human", "sales": "human", "other": "human"}
     router = intent_router(policy=policy, engine=engine, routes=routes, fallback="human", step="triage")
-    result = _routing_graph(router).invoke({"messages": [HumanMessage("Refund my last invoice")]}, CONFIG)
+    result = _routing_graph(router).invoke({"messages": [HumanMessage(text)]}, CONFIG)
     intent = result["intent"]
-    assert intent["label"] in routes
-    assert intent["route"] == (routes[intent["label"]] if intent["confident"] else "human")
-    assert result["intent"]["policy"] == "support-routing"
+    assert (intent["label"], intent["route"], intent["policy"]) == (label, route, "support-routing")
+    assert intent["confident"] is (label != "other")

@@ -57,6 +57,7 @@ import io
 import json
 import os
 import random
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -136,6 +137,25 @@ def sample_options(examples: Sequence[Example], k: int, *, seed: int = 0) -> lis
             example = Example(example.id, example.state, question, example.label)
         sampled.append(example)
     return sampled
+
+
+def with_examples(question: Choice, task: str, shots: int, *, seed: int = 0) -> Choice:
+    """``question`` whose options each carry ``shots`` of ``task``'s train texts with that label
+    (drawn with ``random.Random(seed)``): few-shot routing as a user writes it. ``shots=0``
+    returns ``question`` as it is."""
+    if not shots:
+        return question
+    by_label: dict[str, list[str]] = defaultdict(list)
+    for row in load_task(task, "train"):
+        by_label[row.label].append(str(row.state))
+    rng = random.Random(seed)
+    return Choice(
+        instructions=question.instructions,
+        criteria={
+            label: {"description": text, "examples": rng.sample(by_label[label], min(shots, len(by_label[label])))}
+            for label, text in question.criteria.items()
+        },
+    )
 
 
 def _read(path: Path) -> str:
