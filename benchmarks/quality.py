@@ -5,6 +5,8 @@
     python benchmarks/quality.py tool-use [--limit 300] [--json]
     python benchmarks/quality.py calibrated [--limit 200] [--json]
     python benchmarks/quality.py shipped [--limit 200] [--head candidate.safetensors] [--json]
+    python benchmarks/quality.py readers [--limit 200] [--shots 10] [--json]
+    python benchmarks/quality.py unseen [--limit 200] [--train-limit 200] [--sparrow] [--json]
 
 Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
 temperatures on dev splits (``clef-guard calibrate``'s code) and is scored on test
@@ -34,6 +36,14 @@ when serving, so a rerun only pays for what is new.
   seed). Sets with an ``oos`` option report ``none_auroc`` (how well P(oos) tells the
   out-of-scope rows from the rest); BANKING77-OOS also with each kind of out-of-scope row
   alone (other banking intents, other domains).
+- unseen: questions the head never saw. Each question family (the policies' questions,
+  MetaTool, InjecGuard, R-Judge + ASSEBench's "unsafe?", tool use, CLINC150 with 8 listed
+  intents, and families no shipped head trained on: SNIPS asked "Is the user asking to
+  ...?", ASSEBench's risk type as a 6-way choice and its severity as a 0-2 score, HWU64
+  with 5 listed intents) is left out of one head's training (``--train-limit`` train rows
+  of every other task, the shipped recipe; temperatures on half as many dev rows of each) and that
+  head is scored on the family's test rows, beside the backbone alone, the shipped head
+  (which saw the first six families) and, with ``--sparrow``, sparrow-decider.
 
 In every suite, a test set whose question the engine reads wide is also scored with the
 sentence encoder (the ``sentence encoder`` row), when one is installed.
@@ -52,14 +62,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.state import state_segments
 from clef_guard.training.datasets import load_task, sample_options, with_examples
-from clef_guard.training.evaluate import score
+from clef_guard.training.evaluate import SparrowDecisionModel, option_probabilities, score
 from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features
 from clef_guard.training.fit import calibrate_head, predict, train_head
@@ -88,12 +100,27 @@ class Recipe:
     train: tuple[Part, ...]
     calibrate: tuple[Part, ...]
     per_question: bool = False
+    scored_on: tuple[str, ...] = ()
+    """The tasks whose tests score this head (every test when empty)."""
 
 
-SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated", "readers")
+SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated", "readers", "unseen")
+
+UNSEEN_FAMILIES: dict[str, tuple[tuple[str, int | None], ...]] = {  # its tasks, and the options their choices keep
+    "policy questions": (("policies", None),),
+    "needs a tool (MetaTool)": (("metatool", None),),
+    "prompt injection (InjecGuard)": (("injecguard", None),),
+    "unsafe action (R-Judge, ASSEBench)": (("rjudge", None), ("assebench", None)),
+    "when to call a tool": (("tool-use", None),),
+    "intent, 8 listed (CLINC150)": (("clinc150", 8),),
+    "asks to (SNIPS)": (("snips-asks", None),),
+    "risk type (ASSEBench)": (("assebench-risk", None),),
+    "how unsafe (ASSEBench)": (("assebench-severity", None),),
+    "intent, 5 listed (HWU64)": (("hwu64", 5),),
+}
 
 
-def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
+def _suite(name: str, limit: int, train_limit: int = 200) -> tuple[list[Recipe], list[Part]]:
     if name == "transfer":
         def on(*tasks: str) -> Recipe:
             return Recipe(
@@ -116,12 +143,33 @@ def _suite(name: str, limit: int) -> tuple[list[Recipe], list[Part]]:
     shipped = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
     if name == "shipped":
         return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
+    if name == "unseen":
+        def parts(families: list[str], split: str, rows: int) -> tuple[Part, ...]:
+            return tuple(Part(task, split, rows, options) for family in families for task, options in UNSEEN_FAMILIES[family])
+
+        recipes = [
+            Recipe(
+                f"head without {family}",
+                parts([f for f in UNSEEN_FAMILIES if f != family], "train", train_limit),
+                parts([f for f in UNSEEN_FAMILIES if f != family], "dev", max(20, train_limit // 2)),
+                scored_on=tuple(task for task, _ in UNSEEN_FAMILIES[family]),
+            )
+            for family in UNSEEN_FAMILIES
+        ]
+        return recipes, list(parts(list(UNSEEN_FAMILIES), "test", limit))
     if name == "readers":
         return [], [Part(task, "test", limit) for task in ("banking77", "hwu64", "clinc150", "banking77-oos")]
     if name == "calibrated":
         recipe = Recipe("shipped, T per question on dev", (), tuple(Part(task, "dev", limit) for task in shipped), True)
         return [recipe], [Part(task, "test", limit) for task in shipped]
     raise SystemExit(f"unknown suite {name!r}: {', '.join(SUITES)}")
+
+
+def sparrow_distribution(sparrow: SparrowDecisionModel, row: Example) -> list[float]:
+    """sparrow-decider's probabilities of ``row``'s options, in the question's option order."""
+    (parsed,) = parse_questions({"q": row.question})
+    answer = sparrow.invoke({"state": row.state, "questions": {"q": row.question}}).answers["q"]
+    return option_probabilities(answer, parsed.options)
 
 
 def subsets(rows: list[Example]) -> list[tuple[str, list[int]]]:
@@ -141,17 +189,29 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
     parser.add_argument("--head", help="a head file to score next to the shipped one")
     parser.add_argument("--shots", type=int, action="append", help="readers: example texts a label, from the train split (repeat; default 10)")
+    parser.add_argument("--train-limit", type=int, default=200, help="unseen: train rows of each task a head learns from")
+    parser.add_argument("--sparrow", action="store_true", help="also score sparrow-decider on the test rows (same states)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    recipes, tests = _suite(args.suite, args.limit)
+    recipes, tests = _suite(args.suite, args.limit, args.train_limit)
     engine = LocalDecisionModel(default_head=False)
     cache: dict[Part, tuple[list[Example], list[Features]]] = {}
+    progress = Progress(console=Console(stderr=True), transient=True)
 
     def read(part: Part) -> tuple[list[Example], list[Features]]:
         if part not in cache:
             rows = part.examples()
             cache[part] = rows, extract_features(engine, rows)
         return cache[part]
+
+    # Every row first, in one pass ordered by state: questions asked of one state (the
+    # ASSEBench families, a policy's questions) then read it once, through the prefix cache.
+    everything = {p for recipe in recipes for p in (*recipe.train, *recipe.calibrate)} | set(tests)
+    rows = sorted((row for part in everything for row in part.examples()), key=lambda row: state_segments(row.state))
+    progress.start()
+    bar = progress.add_task("features", total=len(rows))
+    extract_features(engine, rows, on_progress=lambda done, _: progress.update(bar, completed=done))
+    progress.remove_task(bar)
 
     heads: dict[str, DecisionHead | None] = {
         "backbone alone": None,
@@ -160,6 +220,8 @@ def main() -> None:
     if args.head:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
+    scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
+    sparrow = SparrowDecisionModel() if args.sparrow else None
     for recipe in recipes:
         train = [f for part in recipe.train for f in read(part)[1]]
         calibration = [f for part in recipe.calibrate for f in read(part)[1]]
@@ -175,7 +237,13 @@ def main() -> None:
     shots = [0, *(args.shots or [10])] if args.suite == "readers" else [0]
     for part in tests:
         rows, features = read(part)
-        readings = {name: [p.tolist() for p in predict(head, features)] for name, head in heads.items()}
+        readings = {
+            name: [p.tolist() for p in predict(head, features)]
+            for name, head in heads.items()
+            if part.task in scored_on.get(name, (part.task,))
+        }
+        if sparrow is not None:
+            readings["sparrow-decider"] = [sparrow_distribution(sparrow, row) for row in rows]
         (question,) = parse_questions({"q": rows[0].question})
         encoder = engine.sentence_encoder
         if encoder is not None and engine.reading(question) == "wide":
@@ -187,6 +255,7 @@ def main() -> None:
             for subset, kept in subsets(rows):
                 picked = [rows[i] for i in kept], [distributions[i] for i in kept]
                 results.append({"test": f"{part.task} {part.split}{subset}", "head": name, **score(*picked)})
+    progress.stop()
     if args.json:
         print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
         return

@@ -48,7 +48,7 @@ def evaluate(
         start = time.perf_counter()
         response = engine.invoke({"state": example.state, "questions": {"q": example.question}})
         latencies.append(1000 * (time.perf_counter() - start))
-        distributions.append(_option_probabilities(response.answers["q"], parsed.options))
+        distributions.append(option_probabilities(response.answers["q"], parsed.options))
         if on_progress:
             on_progress(done, len(examples))
     result = {
@@ -132,7 +132,8 @@ def macro_f1(labels: Sequence[str], predictions: Sequence[str]) -> float:
     return sum(scores) / len(scores)
 
 
-def _option_probabilities(answer: Any, options: tuple[str, ...]) -> list[float]:
+def option_probabilities(answer: Any, options: tuple[str, ...]) -> list[float]:
+    """An answer's probabilities in ``options``' order (a noul's as [no, yes])."""
     if answer.type == "noul":
         return [1.0 - answer.noul, answer.noul]
     by_key = {str(k): v for k, v in answer.probabilities.items()}
