@@ -54,9 +54,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -191,6 +193,7 @@ def main() -> None:
     parser.add_argument("--shots", type=int, action="append", help="readers: example texts a label, from the train split (repeat; default 10)")
     parser.add_argument("--train-limit", type=int, default=200, help="unseen: train rows of each task a head learns from")
     parser.add_argument("--sparrow", action="store_true", help="also score sparrow-decider on the test rows (same states)")
+    parser.add_argument("--save-heads", type=Path, help="write each recipe's head to this folder (named by the recipe)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit, args.train_limit)
@@ -233,6 +236,9 @@ def main() -> None:
         calibrate_head(head, calibration, per_question=recipe.per_question)
         heads[recipe.name] = head
         seconds[recipe.name] = time.perf_counter() - started
+        if args.save_heads:
+            args.save_heads.mkdir(parents=True, exist_ok=True)
+            head.save(args.save_heads / f"{re.sub(r'[^a-z0-9]+', '-', recipe.name.lower()).strip('-')}.safetensors")
     results = []
     shots = [0, *(args.shots or [10])] if args.suite == "readers" else [0]
     for part in tests:
