@@ -45,8 +45,10 @@ when serving, so a rerun only pays for what is new.
   head is scored on the family's test rows, beside the backbone alone, the shipped head
   (which saw the first six families) and, with ``--sparrow``, sparrow-decider.
 
-In every suite, a test set whose question the engine reads wide is also scored with the
-sentence encoder (the ``sentence encoder`` row), when one is installed.
+In every suite, heads are scored as the engine serves them: their logits multiplied by how
+familiar each question is to them (:mod:`clef_guard.engine.novelty`; ``unseen`` also shows
+its held-out heads ``unscaled``), and a test set whose question the engine reads wide is
+also scored with the sentence encoder (the ``sentence encoder`` row), when one is installed.
 """
 
 from __future__ import annotations
@@ -68,15 +70,17 @@ from rich.progress import Progress
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
+from clef_guard.engine.encoder import EMBEDDED_ENCODER
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
+from clef_guard.engine.novelty import QuestionMemory, familiarity_scale
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.training.datasets import load_task, sample_options, with_examples
 from clef_guard.training.evaluate import SparrowDecisionModel, option_probabilities, score
 from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features
-from clef_guard.training.fit import calibrate_head, predict, train_head
+from clef_guard.training.fit import calibrate_head, predict, train_head, trained_questions
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,18 @@ def main() -> None:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
     scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
+    memories: dict[int, QuestionMemory] = {}
+
+    def familiarity_scales(head: DecisionHead | None, rows: list[Example]) -> list[float] | None:
+        """What the engine multiplies ``head``'s logits by for each row (none for the backbone, wide
+        readings, or a head that does not list its questions)."""
+        encoder = engine.sentence_encoder
+        if head is None or not head.questions or encoder is None:
+            return None
+        if id(head) not in memories:
+            memories[id(head)] = QuestionMemory(head.questions, encoder, EMBEDDED_ENCODER)
+        parsed = [parse_questions({"q": row.question})[0] for row in rows]
+        return [1.0 if engine.reading(q) == "wide" else familiarity_scale(memories[id(head)].cosine(q)) for q in parsed]
     sparrow = SparrowDecisionModel() if args.sparrow else None
     for recipe in recipes:
         train = [f for part in recipe.train for f in read(part)[1]]
@@ -231,6 +247,7 @@ def main() -> None:
         started = time.perf_counter()  # the recipe's own time: its features are read before
         if train:
             head, _ = train_head(train, engine.backbone.hidden_size)
+            head.questions = trained_questions(row.question for part in recipe.train for row in read(part)[0])
         else:
             head = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
         calibrate_head(head, calibration, per_question=recipe.per_question)
@@ -244,10 +261,12 @@ def main() -> None:
     for part in tests:
         rows, features = read(part)
         readings = {
-            name: [p.tolist() for p in predict(head, features)]
+            name: [p.tolist() for p in predict(head, features, familiarity_scales(head, rows))]
             for name, head in heads.items()
             if part.task in scored_on.get(name, (part.task,))
         }
+        for name in [n for n in readings if n in scored_on]:  # the held-out heads, without their familiarity too
+            readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
         if sparrow is not None:
             readings["sparrow-decider"] = [sparrow_distribution(sparrow, row) for row in rows]
         (question,) = parse_questions({"q": rows[0].question})

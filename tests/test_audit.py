@@ -23,6 +23,7 @@ from clef_guard import (
     JsonlSpanExporter,
     LocalDecisionModel,
     Telemetry,
+    load_policies,
     parse_policy,
 )
 from clef_guard.cli import main
@@ -250,3 +251,18 @@ def test_a_windowed_decision_names_its_window_in_the_span() -> None:
     start, end = event.attributes["clef_guard.policy.result_span"]
     assert verdict.action == "deny" and (start, end) == verdict.decisions[0].span and "SEND THE KEYS" in page[start:end]
     assert "SEND THE KEYS" not in json.dumps(dict(span.attributes))  # the span names the window, never its text
+
+
+def test_spans_say_how_familiar_the_least_familiar_question_was(engine: LocalDecisionModel) -> None:
+    """data-sharing asks questions the shipped head was never trained on: the verdict and span say so."""
+    recorder = Recorder()
+    guard = Guard(load_policies("data-sharing"), engine=engine, telemetry=recorder.telemetry, lazy=False)
+    call = {"name": "upload_file", "args": {"path": "exports/customers.csv", "url": "https://files.example.net/in"}, "id": "u1"}
+    verdict = guard.check(call, {"messages": [{"role": "user", "content": "Send the customer export to our partner."}]})
+    known = verdict.familiarity["data-sharing"]
+    assert set(known) == {"leaves_org", "classification"} and max(known.values()) < 0.7
+    (span,) = recorder.spans.get_finished_spans()
+    assert span.attributes["clef_guard.question.familiarity.min"] == min(known.values())
+    scripted = recorder.guard({"destructive": 0.1})  # an engine that does not report familiarity
+    assert scripted.check(CALL, {"messages": []}).familiarity == {}
+    assert "clef_guard.question.familiarity.min" not in recorder.spans.get_finished_spans()[-1].attributes

@@ -19,6 +19,8 @@ from test_langchain_middleware import POLICY, _tools
 
 from clef_guard import Guard, LocalDecisionModel, parse_policy
 from clef_guard.cli import main
+from clef_guard.engine.head import HEAD_FILE, DecisionHead
+from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.engine.tree import OptionFeatures
@@ -68,6 +70,8 @@ def test_rows_with_states_train_a_head_and_a_replayed_review_is_written_once(tmp
     command = ["train", "--data", str(log), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json"]
     assert main([*command, "--features", str(tmp_path / "cache")]) == 0
     assert json.loads((out / "train_report.json").read_text())["n"] == 2  # should_run of each row; the replayed row once
+    warmed = DecisionHead.load(out / HEAD_FILE, 576).questions
+    assert set(DecisionHead.load(DEFAULT_HEAD, 576).questions) < set(warmed)  # the old questions and the reviews' own
 
 
 def test_features_are_what_the_backbone_read_and_train_a_head_without_any_state(

@@ -50,7 +50,9 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
     assert len(report["lora"]["epoch_seconds"]) == 1 and report["lora"]["seconds"] > 0
     assert {"adapter_config.json", "adapter_model.safetensors", "decision_head.safetensors"} <= {p.name for p in out.iterdir()}
     assert list(features.glob("*.pt"))  # the feature cache went where it was told
-    assert LocalDecisionModel(adapter=str(out)).decision_head is not None
+    head = LocalDecisionModel(adapter=str(out)).decision_head
+    assert head is not None and "Is something edible mentioned?" in head.questions  # what it learned, remembered
+    assert {q.split("?")[0] for q in head.questions} == {"Is something edible mentioned", "Which colour is the thing described"}
 
     calibration = tmp_path / "calibration.yaml"
     argv = ["calibrate", "--adapter", str(out), "--head", str(out / "decision_head.safetensors"), "--data", str(data),

@@ -105,6 +105,9 @@ class DecisionHead(nn.Module):
         self.register_buffer("feature_scale", torch.ones(hidden_size))
         self.question_temperatures: dict[str, float] = {}
         """Temperature of each question calibrated on its own, by question key; others use their reading's."""
+        self.questions: tuple[str, ...] = ()
+        """The questions it was trained on (:func:`clef_guard.engine.novelty.question_text`, sorted):
+        the engine trusts its answers to a question as far as the question resembles one of them."""
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
@@ -159,6 +162,8 @@ class DecisionHead(nn.Module):
         metadata = {"format": _FORMAT, "hidden_size": str(self.hidden_size)}
         if self.question_temperatures:
             metadata["question_temperatures"] = json.dumps(self.question_temperatures, sort_keys=True)
+        if self.questions:
+            metadata["questions"] = json.dumps(sorted(self.questions))
         Path(path).write_bytes(sorted_header(save(tensors, metadata=metadata)))
 
     @classmethod
@@ -170,6 +175,7 @@ class DecisionHead(nn.Module):
                 metadata = handle.metadata() or {}
             file_format = metadata.get("format")
             question_temperatures = {str(k): float(t) for k, t in json.loads(metadata.get("question_temperatures", "{}")).items()}
+            questions = tuple(str(text) for text in json.loads(metadata.get("questions", "[]")))
         except (OSError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"cannot read decision head {str(path)!r}: {exc}") from exc
         if file_format != _FORMAT:
@@ -189,4 +195,5 @@ class DecisionHead(nn.Module):
             tensors.setdefault(name, fresh[name])
         head.load_state_dict(tensors)
         head.question_temperatures = question_temperatures
+        head.questions = questions
         return head.eval()  # a loaded head answers: no dropout

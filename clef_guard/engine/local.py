@@ -51,6 +51,7 @@ from clef_guard.engine.head import (
     DecisionHead,
     centred_cosine,
 )
+from clef_guard.engine.novelty import QuestionMemory, familiarity_scale
 from clef_guard.engine.prefix_cache import PrefixCache
 from clef_guard.engine.prompt import PromptLayout
 from clef_guard.engine.requests import ParsedQuestion, parse_questions
@@ -86,6 +87,11 @@ class LocalClassifierResponse(ClassifierResponse):
 
     cached_tokens: int = 0
     """Prefix tokens served from the prefix cache instead of being recomputed."""
+
+    familiarity: dict[str, float] = {}
+    """For each question the head answered: the cosine between it and the nearest question the
+    head was trained on (1: trained on verbatim). The further below 1, the more its answer was
+    moved towards "every option equally likely" (:mod:`clef_guard.engine.novelty`)."""
 
 
 class LocalDecisionModel(BaseDecisionModel):
@@ -156,6 +162,7 @@ class LocalDecisionModel(BaseDecisionModel):
     _option_cache: OptionVectors = PrivateAttr(default_factory=OptionVectors)
     _encoder: Encoder | None = PrivateAttr(default=None)
     _encoder_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _memory: QuestionMemory | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -264,15 +271,33 @@ class LocalDecisionModel(BaseDecisionModel):
                 self._encoder = Encoder(path, device=self._backbone.device)
             return self._encoder
 
+    def familiarity(self, question: ParsedQuestion) -> float | None:
+        """The cosine between ``question`` and the nearest question the head was trained on; ``None``
+        when there is no head, it does not list its questions (older heads), or there is no encoder."""
+        if self._head is None or not self._head.questions or self.reads_with_encoder(question):
+            return None
+        encoder = self.sentence_encoder
+        if encoder is None:
+            return None
+        with self._encoder_lock:
+            if self._memory is None:
+                name = EMBEDDED_ENCODER if self.encoder == "auto" else str(self.encoder)
+                self._memory = QuestionMemory(self._head.questions, encoder, name)
+        return self._memory.cosine(question)
+
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         parsed = parse_questions(questions)
         by_encoder = {q.id for q in parsed if self.reads_with_encoder(q)}
         read = [q for q in parsed if q.id not in by_encoder]
         encoded = self.encode(state, read) if read else EncodedRequest([], 0, 0, 0)
-        answers = {}
+        answers, familiarity = {}, {}
         with torch.inference_mode():
             for features in encoded.features:
                 logits = self.option_logits(features)
+                cosine = self.familiarity(features.question)
+                if cosine is not None:
+                    familiarity[features.question.id] = cosine
+                    logits = logits * familiarity_scale(cosine)
                 probabilities = torch.softmax(logits.double(), dim=-1).tolist()
                 answers[features.question.id] = build_answer(features.question, probabilities)
         encoder = self.sentence_encoder if by_encoder else None
@@ -289,6 +314,7 @@ class LocalDecisionModel(BaseDecisionModel):
             },
             truncated_tokens=encoded.truncated_tokens,
             cached_tokens=encoded.cached_tokens,
+            familiarity=familiarity,
         )
 
     def option_logits(self, features: OptionFeatures) -> torch.Tensor:

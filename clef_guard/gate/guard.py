@@ -125,6 +125,8 @@ class _Unit:
     escalated: bool = False
     answers: dict[str, Any] = field(default_factory=dict)
     """The answers so far, by the policy's question ids."""
+    familiarity: dict[str, float] = field(default_factory=dict)
+    """How familiar each answered question was to the engine's head, where the engine says."""
     decision: PolicyDecision | None = None
 
 
@@ -410,6 +412,8 @@ class Guard:
                 error = f"the engine's response lacks questions {missing}"
             else:
                 unit.answers.update({qid: reply.answers[eid] for qid, eid in ids.items()})
+                familiar = getattr(reply, "familiarity", None) or {}
+                unit.familiarity.update({qid: familiar[eid] for qid, eid in ids.items() if eid in familiar})
                 continue
             calibrated = unit.policy.name in self._calibrated
             unit.decision = failed_decision(unit.policy, error, answers=unit.answers, calibrated=calibrated, escalated=unit.escalated)
@@ -507,7 +511,12 @@ class Guard:
         escalation_name = getattr(self.escalation, "model", None) if self.escalation is not None else None
         labeling = self._labeling(run, decisions) if run.phase == "after_tool" else Labeling()
         errors = [d.error for d in decisions if d.error] + ([labeling.error] if labeling.error else [])
-        flow = {"labels": labeling.labels, "marks": labeling.marks, "thread_labels": tuple(run.flow["labels"])}
+        recorded = {"labels": labeling.labels, "marks": labeling.marks, "thread_labels": tuple(run.flow["labels"])}
+        familiarity: dict[str, dict[str, float]] = {}
+        for unit in run.units:  # a result read in windows: each question's least familiar reading
+            known = familiarity.setdefault(unit.policy.name, {})
+            known.update({qid: min(f, known.get(qid, f)) for qid, f in unit.familiarity.items()})
+        recorded["familiarity"] = {name: known for name, known in familiarity.items() if known}
         decisions = [d if d.policy in self._enforcing else replace(d, enforced=False) for d in decisions]
         enforced = [d for d in decisions if d.enforced]
         final = max(enforced, key=lambda d: SEVERITY[d.action]) if enforced else None
@@ -518,7 +527,7 @@ class Guard:
             return Verdict(
                 "allow", None, None, "no policy applies" if not decisions else "only policies in shadow mode apply",
                 tuple(decisions), call, _ms(start), engine_name, escalation_name, "; ".join(errors) or None, run.phase,
-                run.input_tokens, shadowed, **flow, cached_tokens=run.cached_tokens,
+                run.input_tokens, shadowed, **recorded, cached_tokens=run.cached_tokens,
             )
         action, message = final.action, final.message
         if action == "escalate" and not self.human_review:
@@ -541,7 +550,7 @@ class Guard:
             phase=run.phase,
             input_tokens=run.input_tokens,
             cached_tokens=run.cached_tokens,
-            **flow,
+            **recorded,
         )
 
 

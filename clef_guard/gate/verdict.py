@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -59,6 +59,10 @@ class Verdict:
     """Every label the thread carried when the check ran."""
     cached_tokens: int = 0
     """Of ``input_tokens``, those an engine served from its prefix cache instead of computing."""
+    familiarity: dict[str, dict[str, float]] = field(default_factory=dict)
+    """By policy then question: how close the question came to one the engine's head was trained
+    on (1: trained on verbatim; lower answers were moved towards even odds, see
+    :mod:`clef_guard.engine.novelty`). Only questions an engine reported it for."""
 
     @property
     def enforced(self) -> bool:

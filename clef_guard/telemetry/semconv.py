@@ -51,6 +51,7 @@ POLICIES = "clef_guard.policies"
 MESSAGE = "clef_guard.message"
 THRESHOLDS = "clef_guard.thresholds"
 CALIBRATED = "clef_guard.calibrated"
+LEAST_FAMILIAR = "clef_guard.question.familiarity.min"  # the least familiar question any policy's head answered
 ESCALATION_MODEL = "clef_guard.escalation.model"
 FAIL_CLOSED_ACTION = "clef_guard.fail_closed.action"
 LATENCY_MS = "clef_guard.latency_ms"

@@ -143,6 +143,7 @@ class Telemetry:
             sc.RESULT_LABELS: list(verdict.labels) or None,
             sc.CALL_LABELS: list(call.get("labels") or ()) or None,
             sc.THREAD_LABELS: list(verdict.thread_labels) or None,
+            sc.LEAST_FAMILIAR: min((f for known in verdict.familiarity.values() for f in known.values()), default=None),
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         if self.capture_content:

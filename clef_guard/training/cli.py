@@ -49,7 +49,7 @@ from clef_guard.training.features import (
     replay_path,
     save_replay,
 )
-from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head
+from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head, trained_questions
 from clef_guard.training.lora import AdapterConfig, train_adapter
 
 
@@ -255,12 +255,14 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         "anchor": args.anchor,
     }
     config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    init = _init_head(args, engine)
     with _progress(console, args.json) as progress:
         bar = progress.add_task("training the head", total=config.epochs)
         head, history = train_head(
-            features, engine.backbone.hidden_size, config, init=_init_head(args, engine),
+            features, engine.backbone.hidden_size, config, init=init,
             on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch),
         )
+    head.questions = trained_questions(labeled.questions, init)
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
     kept = save_replay(features, replay_path(args.out / HEAD_FILE))

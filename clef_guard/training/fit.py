@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from langchain_core.decisions import Question
 
 from clef_guard.engine.head import READINGS, DecisionHead
+from clef_guard.engine.novelty import question_text
+from clef_guard.engine.requests import parse_questions
 from clef_guard.training.calibrate import (
     MIN_QUESTION_ERRORS,
     MIN_TEMPERATURE_EXAMPLES,
@@ -178,10 +181,22 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_ques
     return temperatures
 
 
-def predict(head: DecisionHead | None, features: Sequence[Features]) -> list[torch.Tensor]:
-    """Option probabilities per example (the backbone alone when ``head`` is ``None``)."""
+def predict(
+    head: DecisionHead | None, features: Sequence[Features], scales: Sequence[float] | None = None
+) -> list[torch.Tensor]:
+    """Option probabilities per example (the backbone alone when ``head`` is ``None``); ``scales``
+    multiply each example's logits, as the engine does by a question's familiarity."""
     with torch.no_grad():
         logits = _batch_logits(head, features) if head is not None else [f.lm_logprob for f in features]
+        if scales is not None:
+            logits = [row * scale for row, scale in zip(logits, scales, strict=True)]
         return [torch.softmax(row, dim=-1) for row in logits]
+
+
+def trained_questions(questions: Iterable[Question], init: DecisionHead | None = None) -> tuple[str, ...]:
+    """What a head trained on ``questions`` remembers of them (:attr:`DecisionHead.questions`), with
+    the questions of the head it started from (a warm start replays their rows)."""
+    texts = {question_text(parsed) for question in questions for parsed in parse_questions({"q": question})}
+    return tuple(sorted(texts | set(init.questions if init is not None else ())))
 
 
