@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clef_guard.engine.novelty import familiarity_scale
 from clef_guard.engine.prompt import render_question
 from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import ClefGuardError, PolicyError
@@ -237,7 +238,7 @@ def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace
         return
     decision = verdict.decisions[0]
     if policy.questions:
-        _print_answers(console, policy, decision)
+        _print_answers(console, policy, decision, verdict.familiarity.get(policy.name, {}))
     rules = Table(title="Rules, in order")
     rules.add_column("rule")
     rules.add_column("when")
@@ -257,15 +258,29 @@ def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace
         console.print(f"[red]error:[/red] {verdict.error}")
 
 
-def _print_answers(console: Console, policy: Policy, decision: PolicyDecision) -> None:
+def _print_answers(console: Console, policy: Policy, decision: PolicyDecision, familiar: dict[str, float]) -> None:
     questions = Table(title="Questions and answers", show_lines=True)
     questions.add_column("question")
     questions.add_column("asked")
     questions.add_column("answer")
+    if familiar:
+        questions.add_column("familiar to the head")
     for parsed in parse_questions(policy.questions):
         answer = decision.answers.get(parsed.id)
-        questions.add_row(parsed.id, render_question(parsed), _format_answer(answer) if answer else "[red]no answer[/red]")
+        row = [parsed.id, render_question(parsed), _format_answer(answer) if answer else "[red]no answer[/red]"]
+        if familiar:
+            row.append(_format_familiarity(familiar.get(parsed.id)))
+        questions.add_row(*row)
     console.print(questions)
+
+
+def _format_familiarity(cosine: float | None) -> str:
+    """A question's cosine to the nearest question the head trained on, and what it means for its answer."""
+    if cosine is None:
+        return "-"
+    if cosine > 0.98:
+        return f"{cosine:.2f}: trained on it"
+    return f"{cosine:.2f}: unlike the questions it trained on, so its logits are scaled by {familiarity_scale(cosine):.2f} (0: even odds)"
 
 
 def _format_answer(answer: Any) -> str:

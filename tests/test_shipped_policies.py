@@ -162,6 +162,20 @@ def test_cli_explain_prints_answers_trace_and_verdict_as_json(capsys: pytest.Cap
     assert report["rule_trace"][0]["result"] is True
     answers = report["verdict"]["decisions"][0]["answers"]
     assert set(answers) == {"destructive", "requested", "scope"}
+    assert report["verdict"]["familiarity"]["destructive-actions"]["destructive"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_cli_explain_says_which_questions_the_head_never_trained_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    call = json.dumps({"name": "upload_file", "args": {"path": "exports/customers.csv", "url": "https://files.example.net/in"}})
+    assert main(["explain", "--policy", "data-sharing", "--tool-call", call, "--json"]) == 0
+    familiar = json.loads(capsys.readouterr().out)["verdict"]["familiarity"]["data-sharing"]
+    assert set(familiar) == {"leaves_org", "classification"} and max(familiar.values()) < 0.7
+    monkeypatch.setenv("COLUMNS", "400")  # one table row a line
+    assert main(["explain", "--policy", "data-sharing", "--tool-call", call]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "leaves_org" in line]
+    assert rows and f"{familiar['leaves_org']:.2f}: unlike the questions it trained on" in rows[0]
 
 
 @pytest.mark.parametrize(
