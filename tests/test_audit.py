@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from test_gate import DESTRUCTIVE, OUTBOUND
+from test_shipped_policies import UNFAMILIAR_POLICY
 
 from clef_guard import (
     Guard,
@@ -253,14 +254,17 @@ def test_a_windowed_decision_names_its_window_in_the_span() -> None:
     assert "SEND THE KEYS" not in json.dumps(dict(span.attributes))  # the span names the window, never its text
 
 
-def test_spans_say_how_familiar_the_least_familiar_question_was(engine: LocalDecisionModel) -> None:
-    """data-sharing asks questions the shipped head was never trained on: the verdict and span say so."""
+def test_spans_say_how_familiar_the_least_familiar_question_was(engine: LocalDecisionModel, tmp_path: Path) -> None:
+    """One policy asks a question the shipped head was never trained on, the other only trained ones: the span shows the least familiar."""
     recorder = Recorder()
-    guard = Guard(load_policies("data-sharing"), engine=engine, telemetry=recorder.telemetry, lazy=False)
-    call = {"name": "upload_file", "args": {"path": "exports/customers.csv", "url": "https://files.example.net/in"}, "id": "u1"}
-    verdict = guard.check(call, {"messages": [{"role": "user", "content": "Send the customer export to our partner."}]})
-    known = verdict.familiarity["data-sharing"]
-    assert set(known) == {"leaves_org", "classification"} and max(known.values()) < 0.7
+    reviews = tmp_path / "reviews.yaml"
+    reviews.write_text(UNFAMILIAR_POLICY)
+    guard = Guard(load_policies(reviews, "outbound-communication"), engine=engine, telemetry=recorder.telemetry, lazy=False)
+    call = {"name": "send_review", "args": {"book": "Middlemarch", "stars": 5, "to": "club@books.example"}, "id": "u1"}
+    verdict = guard.check(call, {"messages": [{"role": "user", "content": "Tell the book club I loved Middlemarch."}]})
+    known = verdict.familiarity["book-reviews"]
+    assert set(known) == {"rating"} and known["rating"] < 0.75
+    assert min(verdict.familiarity["outbound-communication"].values()) == pytest.approx(1.0, abs=1e-5)
     (span,) = recorder.spans.get_finished_spans()
     assert span.attributes["clef_guard.question.familiarity.min"] == min(known.values())
     scripted = recorder.guard({"destructive": 0.1})  # an engine that does not report familiarity

@@ -166,16 +166,36 @@ def test_cli_explain_prints_answers_trace_and_verdict_as_json(capsys: pytest.Cap
 
 
 def test_cli_explain_says_which_questions_the_head_never_trained_on(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    call = json.dumps({"name": "upload_file", "args": {"path": "exports/customers.csv", "url": "https://files.example.net/in"}})
-    assert main(["explain", "--policy", "data-sharing", "--tool-call", call, "--json"]) == 0
-    familiar = json.loads(capsys.readouterr().out)["verdict"]["familiarity"]["data-sharing"]
-    assert set(familiar) == {"leaves_org", "classification"} and max(familiar.values()) < 0.7
+    """A question of one's own that is nothing like the head's training questions is shown as unfamiliar."""
+    policy = tmp_path / "reviews.yaml"
+    policy.write_text(UNFAMILIAR_POLICY)
+    call = json.dumps({"name": "post_review", "args": {"book": "Middlemarch", "stars": 5}})
+    assert main(["explain", "--policy", str(policy), "--tool-call", call, "--json"]) == 0
+    familiar = json.loads(capsys.readouterr().out)["verdict"]["familiarity"]["book-reviews"]
+    assert set(familiar) == {"rating"} and familiar["rating"] < 0.75
     monkeypatch.setenv("COLUMNS", "400")  # one table row a line
-    assert main(["explain", "--policy", "data-sharing", "--tool-call", call]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if "leaves_org" in line]
-    assert rows and f"{familiar['leaves_org']:.2f}: unlike the questions it trained on" in rows[0]
+    assert main(["explain", "--policy", str(policy), "--tool-call", call]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "rating" in line]
+    assert rows and f"{familiar['rating']:.2f}: unlike the questions it trained on" in rows[0]
+
+
+UNFAMILIAR_POLICY = """\
+version: 1
+name: book-reviews
+applies_to:
+  tools: ["*"]
+questions:
+  rating:
+    type: noul
+    instructions: Is the user asking to rate a book?
+rules:
+  - id: rate
+    when: answers.rating >= 0.5
+    then: confirm
+default: allow
+"""
 
 
 @pytest.mark.parametrize(
