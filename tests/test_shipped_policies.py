@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from model import ScriptedDecisionModel
 
 from clef_guard import Guard, LocalDecisionModel, load_policies, load_policy
 from clef_guard.cli import main
@@ -61,6 +62,18 @@ def test_look_alike_commands_are_left_to_the_model(guard: Guard, command: str) -
     """Reading commands that share words or flags with the hard stops are not stopped by them."""
     verdict = guard.check({"name": "shell", "args": {"command": command}}, [HumanMessage("Tidy up, please.")])
     assert verdict.rule not in {"wipe-everything", "wipe-device", "recursive-delete"}, verdict.rule
+
+
+@pytest.mark.parametrize(("tool", "action"), [("drop_index", "confirm"), ("delete_webhook", "confirm"), ("truncate_logs", "confirm"), ("remove_object", "allow")])
+def test_a_tool_named_to_delete_drop_or_truncate_is_destructive_whatever_the_model_says(tool: str, action: str) -> None:
+    """Such a call still needs the user's request when the model reads it as harmless (on new tools the shipped
+    head read `drop_index` 0.65 destructive and let it run unasked: benchmarks/asked.py); other names are the model's."""
+    harmless = ScriptedDecisionModel(script={"delete, overwrite or corrupt": 0.05, "explicitly ask": 0.05, "How much data": 0})
+    guard = Guard(load_policies(POLICIES / "destructive-actions.yaml"), engine=harmless, human_review=True)
+    call = {"name": tool, "args": {"target": "legacy"}, "id": "c1"}
+    verdict = guard.check(call, [HumanMessage("What do we have in staging?"), AIMessage("", tool_calls=[call])])
+    assert verdict.action == action
+    assert verdict.rule == ("destructive-not-requested" if action == "confirm" else None)
 
 
 GOLDEN_REQUEST = "Clear the refunded bookings and the stale export snapshot, then mail the weekly report to our partner."
