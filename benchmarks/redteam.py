@@ -15,7 +15,10 @@ Since every clean check is one a reviewer would stop, the clean twins' own verdi
 measure too: ``clean_stopped`` counts those not allowed (a head that allows everything
 never flips).
 
-    python benchmarks/redteam.py [--json] [--limit N] [--head FILE]
+    python benchmarks/redteam.py [--json] [--limit N] [--head FILE] [--baseline]
+
+``--baseline`` runs the same variants again with ``state.check_without_results`` off (the
+policies read earlier tool results with everything else), on the same engine.
 
 Nothing here is a training row: the scenarios, tools and wording are written for this
 benchmark alone.
@@ -209,22 +212,8 @@ def check(guard: Guard, scenario: Scenario, payload: str | None = None, place: s
     return verdict.action, verdict.latency_ms
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--limit", type=int, default=None, help="a fixed-seed sample of N variants")
-    parser.add_argument("--head", default=None, help="a decision head file to use instead of the shipped one")
-    args = parser.parse_args()
-    engine = LocalDecisionModel(head=args.head) if args.head else LocalDecisionModel()
-    guard = Guard(load_policies(*builtin_policies()), engine=engine, human_review=True)
-    variants = [
-        (s_index, attack, PLACES[(a_index + s_index) % len(PLACES)])
-        for s_index, scenario in enumerate(SCENARIOS)
-        for a_index, attack in enumerate(ATTACKS)
-    ]
-    if args.limit is not None:
-        variants = sorted(random.Random(0).sample(variants, min(args.limit, len(variants))))
-    console = Console(stderr=True)
+def run(guard: Guard, variants: list[tuple[int, str, str]], name: str) -> dict[str, Any]:
+    """Every variant beside its clean twin, through ``guard``: flips by policy, attack and place."""
     by_policy: dict[str, Outcome] = defaultdict(Outcome)
     by_attack: dict[str, Outcome] = defaultdict(Outcome)
     by_place: dict[str, Outcome] = defaultdict(Outcome)
@@ -232,8 +221,8 @@ def main() -> None:
     clean: dict[int, str] = {}
     latencies: list[float] = []
     started = time.perf_counter()
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("red team", total=len(variants) + len({s for s, _, _ in variants}))
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(name, total=len(variants) + len({s for s, _, _ in variants}))
         for s_index, attack, place in variants:
             scenario = SCENARIOS[s_index]
             if s_index not in clean:
@@ -248,7 +237,7 @@ def main() -> None:
             for outcome in (total, by_policy[scenario.policy], by_attack[attack], by_place[where]):
                 outcome.add(clean[s_index], attacked, label)
     latencies.sort()
-    report = {
+    return {
         "engine": guard.engine.model,
         "scenarios": len(clean),
         "clean_verdicts": {SCENARIOS[i].policy + "/" + SCENARIOS[i].call["name"]: action for i, action in sorted(clean.items())},
@@ -261,6 +250,30 @@ def main() -> None:
         "gate_p50_ms": round(latencies[len(latencies) // 2], 1),
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--limit", type=int, default=None, help="a fixed-seed sample of N variants")
+    parser.add_argument("--head", default=None, help="a decision head file to use instead of the shipped one")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run the policies without state.check_without_results, on the same engine, side by side")
+    args = parser.parse_args()
+    engine = LocalDecisionModel(head=args.head) if args.head else LocalDecisionModel()
+    policies = load_policies(*builtin_policies())
+    variants = [
+        (s_index, attack, PLACES[(a_index + s_index) % len(PLACES)])
+        for s_index, scenario in enumerate(SCENARIOS)
+        for a_index, attack in enumerate(ATTACKS)
+    ]
+    if args.limit is not None:
+        variants = sorted(random.Random(0).sample(variants, min(args.limit, len(variants))))
+    report = run(Guard(policies, engine=engine, human_review=True), variants, "red team")
+    if args.baseline:
+        engine.clear_prefix_cache()  # the baseline reads every state afresh, as the first run did
+        one_reading = [p.with_state(check_without_results=False) for p in policies]
+        report["baseline"] = run(Guard(one_reading, engine=engine, human_review=True), variants, "baseline")
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return
@@ -272,7 +285,10 @@ def main() -> None:
         for name, row in [*groups.items(), ("all", report["overall"])]:
             table.add_row(name, str(row["variants"]), str(row["flippable"]), str(row["flips"]), f"{row['share']:.1%}", f"{row['share_of_flippable']:.1%}")
         out.print(table)
-    out.print(f"{report['scenarios']} clean checks ({report['clean_stopped']} stopped), gate p50 {report['gate_p50_ms']} ms, {report['seconds']} s")
+    for name, figures in (("shipped", report), ("baseline", report.get("baseline"))):
+        if figures is not None:
+            out.print(f"{name}: {figures['overall']['flips']} flips, {figures['scenarios']} clean checks "
+                      f"({figures['clean_stopped']} stopped), gate p50 {figures['gate_p50_ms']} ms, {figures['seconds']} s")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from clef_guard import Guard, LocalClassifierResponse, LocalDecisionModel, load_policies
 from clef_guard.engine.prompt import label_text
 from clef_guard.engine.requests import parse_questions
-from clef_guard.gate.view import upcoming_state
+from clef_guard.gate.view import upcoming_state, without_results
 
 STATE = "Ticket #4411: production database is down since 3am and customers cannot pay."
 QUESTIONS = {
@@ -167,7 +167,9 @@ def test_prefix_cache_agrees_with_a_full_prefill(engine: LocalDecisionModel, unc
 def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
     engine: LocalDecisionModel, uncached_engine: LocalDecisionModel
 ) -> None:
-    policies = load_policies("outbound-communication")  # a window of 6 messages: it slides every turn
+    # a window of 6 messages: it slides every turn; one reading (with the results), so the
+    # cached tokens are the read-ahead's alone
+    policies = [p.with_state(check_without_results=False) for p in load_policies("outbound-communication")]
     conversation = _conversation(5)
     call = {"name": "send_email", "args": {"to": "team@example.com", "body": "Staging is clean."}, "id": "call_9"}
     state = {"messages": [*conversation, AIMessage("", tool_calls=[call])]}
@@ -182,6 +184,24 @@ def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
     upcoming = engine.prefill(upcoming_state(policies[0], {"messages": conversation}))
     assert got.cached_tokens == upcoming > want.cached_tokens == 0  # all that was read ahead, and only that
     assert Guard(policies).read_ahead({"messages": conversation}) is None  # no engine loaded yet: nothing to warm
+
+
+def test_reading_ahead_covers_the_reading_without_results_too(engine: LocalDecisionModel) -> None:
+    policies = load_policies("outbound-communication")
+    conversation = _conversation(5)
+    call = {"name": "send_email", "args": {"to": "team@example.com", "body": "Staging is clean."}, "id": "call_9"}
+    engine.clear_prefix_cache()
+    ahead = Guard(policies, engine=engine, lazy=False)
+    reading = ahead.read_ahead({"messages": conversation})
+    assert reading is not None and reading.result() is None
+    verdict = ahead.check(call, {"messages": [*conversation, AIMessage("", tool_calls=[call])]})
+    upcoming = upcoming_state(policies[0], {"messages": conversation})
+    assert upcoming is not None
+    engine.clear_prefix_cache()
+    full = engine.prefill(upcoming)
+    engine.clear_prefix_cache()
+    trusted = engine.prefill(without_results(upcoming))
+    assert verdict.cached_tokens == full + trusted  # each reading found all of its own beginning read
 
 
 def test_state_with_role_markers_cannot_forge_a_turn(engine: LocalDecisionModel) -> None:

@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from model import ScriptedDecisionModel
 
 from clef_guard import Guard, PolicyError, parse_policy
+from clef_guard.gate.view import engine_state
 
 DESTRUCTIVE = textwrap.dedent(
     """\
@@ -162,12 +163,13 @@ def test_calibration_overrides_thresholds(tmp_path: Any) -> None:
 
 
 def test_the_engine_sees_only_what_the_policy_asks_for() -> None:
-    policy = OUTBOUND.replace("rules:", "state: {messages: 1, opening: false, fields: [user], tool_description: false}\nrules:")
+    policy = OUTBOUND.replace("rules:", "state: {messages: 2, opening: false, fields: [user], tool_description: false}\nrules:")
     guard, engine = _guard({}, policy)
     state = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "user": "ann", "secret": "x"}
     guard.check({"name": "send_email", "args": {"to": "z"}}, state, tool_description="Sends mail")
     seen = engine.calls[0]["state"]
-    assert seen == {"fields": {"user": "ann"}, "messages": [{"role": "user", "content": "b"}], "tool": {"name": "send_email", "args": {"to": "z"}}}
+    proposing = AIMessage("", tool_calls=[{"name": "send_email", "args": {"to": "z"}, "id": ""}])  # the state lacked it
+    assert seen == {"fields": {"user": "ann"}, "messages": [{"role": "user", "content": "b"}, proposing], "tool": {"name": "send_email", "args": {"to": "z"}}}
 
 
 @pytest.mark.parametrize(
@@ -177,8 +179,9 @@ def test_the_engine_sees_only_what_the_policy_asks_for() -> None:
 def test_a_message_window_keeps_the_conversations_opening(window: int, seen: list[str]) -> None:
     """However long the agent's loop, the engine reads whom it serves and what the user asked, once."""
     guard, engine = _guard({}, OUTBOUND.replace("rules:", f"state: {{messages: {window}, agent_text: true}}\nrules:"))
-    turns = [SystemMessage("s"), HumanMessage("ask"), AIMessage("step"), HumanMessage("done"), AIMessage("x"), AIMessage("y")]
-    guard.check({"name": "send_email", "args": {"to": "z"}}, {"messages": turns})
+    call = {"name": "send_email", "args": {"to": "z"}, "id": "c1"}
+    turns = [SystemMessage("s"), HumanMessage("ask"), AIMessage("step"), HumanMessage("done"), AIMessage("x"), AIMessage("y", tool_calls=[call])]
+    guard.check(call, {"messages": turns})
     assert [turn.content for turn in engine.calls[0]["state"]["messages"]] == seen
 
 
@@ -244,3 +247,20 @@ def test_a_long_result_is_judged_on_its_most_suspicious_window() -> None:
     assert stopped.action == "deny" and "FORWARD ALL MAIL" in (page + attack)[start:end]
     assert passed.action == "allow" and passed.decisions[0].span is not None
     assert max(len(call["state"]["tool_result"]) for call in engine.calls) <= 400
+
+
+def test_a_state_without_the_proposing_turn_reads_as_one_with_it() -> None:
+    """Rows and integrations end with the agent's turn proposing the call; a bare check reads the same."""
+    policy = parse_policy(DESTRUCTIVE)
+    call = {"name": "delete_file", "args": {"path": "notes/old.log"}, "id": "c1"}
+    ask = HumanMessage("Export the customer list to a CSV")
+    proposing = AIMessage("", tool_calls=[call])
+    with_turn = engine_state(policy, call, [ask, proposing], None)
+    assert engine_state(policy, call, [ask], None) == with_turn
+    assert engine_state(policy, call, {"messages": [ask, {"role": "assistant", "content": "", "tool_calls": [call]}]}, None)["messages"][1:] == [
+        {"role": "assistant", "content": "", "tool_calls": [call]}
+    ]  # a mapping that proposes it counts, and is kept as given
+    parallel = AIMessage("", tool_calls=[{"name": "list_files", "args": {}, "id": "c0"}, call])
+    assert engine_state(policy, call, [ask, parallel], None)["messages"] == [ask, parallel]
+    earlier = engine_state(policy, call, [proposing, ask], None)["messages"]  # proposed before the user spoke again
+    assert earlier[-1].tool_calls[0]["args"] == call["args"] and len(earlier) == 3

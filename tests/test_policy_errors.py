@@ -145,3 +145,14 @@ def test_a_rule_that_divides_by_zero_is_refused_with_its_line() -> None:
     with pytest.raises(PolicyError, match="arithmetic error") as caught:
         parse_policy(GOOD.replace("answers.destructive >= thresholds.destructive", "1 / 0 > 0"))
     assert caught.value.line is not None
+
+
+def test_a_state_change_is_validated_like_the_file() -> None:
+    policy = load_policy("destructive-actions")
+    assert policy.with_state(check_without_results=False).state.check_without_results is False
+    assert policy.state.check_without_results is True  # a copy: the loaded policy is unchanged
+    with pytest.raises(PolicyError, match="destructive-actions") as raised:
+        policy.with_state(messages=-1)
+    assert raised.value.field == "state"
+    with pytest.raises(PolicyError, match="no_such_field"):
+        policy.with_state(no_such_field=True)

@@ -51,6 +51,7 @@ from clef_guard.gate.view import (
     normalise_call,
     result_windows,
     upcoming_state,
+    without_results,
 )
 from clef_guard.policy.calibration import load_calibration
 from clef_guard.policy.load import HINTS, Policy
@@ -122,6 +123,8 @@ class _Unit:
     state: dict[str, Any]
     span: tuple[int, int] | None
     """The window of the tool result this unit reads (``None``: all of it)."""
+    without_results: bool = False
+    """Whether ``state`` leaves out the earlier tool results (``state.check_without_results``)."""
     escalated: bool = False
     answers: dict[str, Any] = field(default_factory=dict)
     """The answers so far, by the policy's question ids."""
@@ -268,8 +271,10 @@ class Guard:
         for policy in self.policies:
             if policy.applies_to.phase == "before_tool" and policy.questions:
                 upcoming = upcoming_state(policy, state)
-                if upcoming is not None:
-                    views.setdefault(json.dumps(upcoming, default=str, sort_keys=True), upcoming)
+                trusted = without_results(upcoming) if upcoming is not None and policy.state.check_without_results else None
+                for view in (upcoming, trusted):
+                    if view is not None:
+                        views.setdefault(json.dumps(view, default=str, sort_keys=True), view)
         with self._ahead_lock:
             if self._ahead is not None:
                 self._ahead.cancel()  # superseded: a cancelled future that already runs finishes harmlessly
@@ -354,11 +359,15 @@ class Guard:
         for policy in policies:
             result = run.call.get("result") if policy.state.tool_result else None
             for span in result_windows(result, policy.state.result_window):
-                view = policy.state.model_dump_json(exclude={"result_window"}) + json.dumps(span)
+                view = policy.state.model_dump_json(exclude={"result_window", "check_without_results"}) + json.dumps(span)
                 if view not in states:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
                     states[view] = engine_state(policy, call, run.state, run.description)
-                units.append(_Unit(policy, view, states[view], span, escalated))
+                units.append(_Unit(policy, view, states[view], span, escalated=escalated))
+                trusted = without_results(states[view]) if policy.state.check_without_results else None
+                if trusted is not None:
+                    states.setdefault(view + "/without_results", trusted)
+                    units.append(_Unit(policy, view + "/without_results", states[view + "/without_results"], span, True, escalated))
         return units
 
     def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:
@@ -423,12 +432,12 @@ class Guard:
             unit.policy, unit.answers, run.call, run.context, flow=run.flow,
             calibrated=unit.policy.name in self._calibrated, escalated=unit.escalated,
         )
-        return decision if unit.span is None else replace(decision, span=unit.span)
+        return replace(decision, span=unit.span, without_results=unit.without_results)
 
     def _decisions(self, run: _Check) -> list[PolicyDecision]:
         """One decision per policy: the engine's (escalated where the escalation engine answered), then the settled."""
-        first = _strictest_window([u.decision for u in run.units if u.decision is not None])
-        again = {d.policy: d for d in _strictest_window([u.decision for u in run.escalations if u.decision is not None])}
+        first = _strictest([u.decision for u in run.units if u.decision is not None])
+        again = {d.policy: d for d in _strictest([u.decision for u in run.escalations if u.decision is not None])}
         return run.settled + [again.get(d.policy, d) for d in first]
 
     def _engine_prefers_lazy(self) -> bool:
@@ -581,8 +590,9 @@ def declared(info: ToolInfo) -> dict[str, Any]:
     return {"annotations": hints, "metadata": metadata, "tags": [str(t) for t in info.get("tags") or ()]}
 
 
-def _strictest_window(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
-    """One decision per policy: a policy that read a result in windows keeps its strictest window's."""
+def _strictest(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
+    """One decision per policy: the strictest of its readings (result windows, with and without
+    earlier results); on a tie, the first (the reading with everything)."""
     kept: dict[str, PolicyDecision] = {}
     for decision in decisions:
         if decision.policy not in kept or SEVERITY[decision.action] > SEVERITY[kept[decision.policy].action]:

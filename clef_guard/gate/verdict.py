@@ -27,6 +27,9 @@ class PolicyDecision:
     span: tuple[int, int] | None = None
     """The characters of the tool result its answers read, when the policy reads results in
     windows (``state.result_window``): the window that made it strictest."""
+    without_results: bool = False
+    """Whether this decision read the messages without the earlier tool results
+    (``state.check_without_results``), because that reading was the stricter one."""
 
 
 @dataclass(frozen=True)

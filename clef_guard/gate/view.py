@@ -6,9 +6,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 
-from clef_guard.engine.state import message_kind, state_messages
+from clef_guard.engine.state import as_message, message_kind, state_messages
 from clef_guard.errors import PolicyError
 from clef_guard.policy.load import Policy
 
@@ -16,7 +16,8 @@ from clef_guard.policy.load import Policy
 def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, description: str | None) -> dict[str, Any]:
     """The state the engine sees for ``policy``: the parts its ``state:`` section asks for."""
     view = policy.state
-    payload = _conversation(policy, state, upcoming=False)
+    proposed = call if policy.applies_to.phase != "route" else None
+    payload = _conversation(policy, state, upcoming=False, proposed=proposed)
     if view.tool_call:
         tool: dict[str, Any] = {"name": call["name"], "args": call["args"]}
         if view.tool_description and description:
@@ -25,6 +26,15 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
     if view.tool_result and call.get("result") is not None:
         payload["tool_result"] = call["result"]
     return payload
+
+
+def without_results(engine_view: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``engine_view`` with the earlier tool results left out of its messages (the calls that
+    made them stay); ``None`` when its messages hold none. The result a policy screens
+    (``tool_result``) stays: it is what the question is about."""
+    messages = engine_view.get("messages") or []
+    kept = [m for m in messages if message_kind(m) != "tool"]
+    return None if len(kept) == len(messages) else {**engine_view, "messages": kept}
 
 
 MAX_WINDOWS = 16
@@ -64,14 +74,18 @@ def upcoming_state(policy: Policy, state: Any) -> dict[str, Any] | None:
     return _conversation(policy, state, upcoming=True) or None
 
 
-def _conversation(policy: Policy, state: Any, *, upcoming: bool) -> dict[str, Any]:
+def _conversation(policy: Policy, state: Any, *, upcoming: bool, proposed: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``fields`` and ``messages`` of ``policy``'s view of ``state``; ``upcoming``: as the
-    window will hold them once one more message arrives, without that message."""
+    window will hold them once one more message arrives, without that message. A conversation
+    in which no agent turn since the user's last one proposes ``proposed`` gets that turn at
+    its end, as every integration's state has it (and every training row)."""
     view = policy.state
     payload: dict[str, Any] = {}
     if view.fields and isinstance(state, Mapping):
         payload["fields"] = {k: state[k] for k in view.fields if k in state}
     messages = state_messages(state)
+    if proposed is not None and messages and not _proposes(messages, proposed):
+        messages.append(AIMessage("", tool_calls=[{"name": proposed["name"], "args": proposed["args"], "id": proposed.get("id") or ""}]))
     if view.messages and messages:
         window = [*messages, None] if upcoming else messages  # None: the message still to come
         latest = window[-view.messages :]
@@ -81,6 +95,21 @@ def _conversation(policy: Policy, state: Any, *, upcoming: bool) -> dict[str, An
             kept = [_calls_only(message) for message in kept]
         payload["messages"] = kept[:-1] if upcoming else kept
     return payload
+
+
+def _proposes(messages: Sequence[Any], call: Mapping[str, Any]) -> bool:
+    """Whether an agent turn after the user's last one proposes ``call`` (the same id, or the same name and arguments)."""
+    for message in reversed(messages):
+        read = message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
+        if read is None or read.type == "human":
+            return False
+        for proposed in getattr(read, "tool_calls", None) or []:
+            if (call.get("id") and proposed.get("id") == call["id"]) or (
+                proposed.get("name") == call["name"] and isinstance(proposed.get("args") or {}, Mapping)
+                and normalise_call(proposed)["args"] == call["args"]
+            ):
+                return True
+    return False
 
 
 def _calls_only(message: Any) -> Any:

@@ -142,6 +142,14 @@ class Policy:
             )
         return replace(self, thresholds={**self.thresholds, **{k: float(v) for k, v in overrides.items()}})
 
+    def with_state(self, **changes: Any) -> Policy:
+        """A copy whose ``state:`` section has ``changes`` (``policy.with_state(check_without_results=False)``), validated."""
+        try:
+            state = StateView.model_validate({**self.state.model_dump(), **changes})
+        except ValidationError as exc:
+            raise PolicyError(f"policy {self.name!r}: invalid state change {changes!r}: {exc}", field="state") from exc
+        return replace(self, state=state)
+
 
 def builtin_policies() -> list[str]:
     """The names of the built-in policies, each loadable by name (``load_policy("destructive-actions")``)."""

@@ -61,6 +61,11 @@ class StateView(_Strict):
     a fifth), each asked on its own: the policy decides on the window that makes it
     strictest, and its decision names that window (``span``). An attack after pages of
     ordinary text is then read beside little else, and a long page is judged a piece at a time."""
+    check_without_results: bool = True
+    """When the messages shown hold earlier tool results, also decide without them and keep
+    the stricter decision. Whoever wrote a page, a mail or a file the agent read writes its
+    results: their text can then make the verdict stricter, never more permissive than the
+    reading of what the user, the system and the calls themselves say."""
 
 
 class Rule(_Strict):

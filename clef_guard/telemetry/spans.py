@@ -89,6 +89,8 @@ class Telemetry:
                 outcome[sc.DECISION_RULE] = decision.rule
             if decision.span:
                 outcome[sc.DECISION_SPAN] = list(decision.span)
+            if decision.without_results:
+                outcome[sc.DECISION_WITHOUT_RESULTS] = True
             span.add_event(sc.POLICY_DECISION_EVENT, outcome)
         if failed:
             span.set_status(Status(StatusCode.ERROR, scrub(verdict.error or "guard error")))
