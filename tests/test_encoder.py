@@ -106,6 +106,21 @@ def test_a_choice_with_examples_is_read_by_the_encoder_from_its_examples(reader:
     assert response.usage is not None and response.usage["input_tokens"] == 0  # three options, but topical: the encoder's
 
 
+def test_an_example_close_to_the_request_counts_beside_its_options_average(reader: LocalDecisionModel) -> None:
+    """A catch-all option whose examples range widely still takes a request that restates one
+    of them: its average alone lies nearer another option's."""
+    queues = Choice(
+        instructions="Which queue takes this?",
+        criteria={
+            "front_desk": {"examples": ["Where is the fire exit?", "My pay was short this month, who do I ask?",
+                                        "Can I get a visitor badge for Friday?", "Is the canteen open on Sunday?"]},
+            "payroll": {"examples": ["When do we get the bonus?", "Tax code looks wrong on my payslip.", "My payslip is missing."]},
+        },
+    )
+    state = [HumanMessage("my pay was short this month - who should I ask?")]
+    assert reader.invoke({"state": state, "questions": {"queue": queues}}).answers["queue"].choice == "front_desk"
+
+
 @pytest.mark.parametrize(
     ("option", "problem"),
     [

@@ -9,11 +9,12 @@ all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0, 22M parameters), shipped in
 under :func:`~clef_guard.engine.backbone.cache_dir`. Texts are mean-pooled and L2-normalised,
 as the model was trained.
 
-An option reads as its label in words, then its description (``label_text``), and, when the
-question gives examples (``{"description": ..., "examples": [...]}``), as the normalised mean
-of that text's vector and its examples'; a request reads as the last thing the user typed
-(the whole state when it holds no user turn). Probabilities are a softmax of
-:data:`ENCODER_SCALE` times the cosine.
+An option reads as its label in words, then its description (``label_text``); when the
+question gives examples (``{"description": ..., "examples": [...]}``), the request's cosine to
+it is the mean of its cosine to the normalised mean of those texts and to the closest of them
+(:meth:`Encoder.cosines`). A request reads as the last thing the user typed (the whole state
+when it holds no user turn). Probabilities are a softmax of :data:`ENCODER_SCALE` times the
+cosine.
 
 An option named as "none of these" (:data:`NONE_LABELS`: ``other``, ``none_of_the_above``, ...)
 has no topic to match: it scores as a fixed cosine (:data:`NONE_COSINE`), so it wins exactly
@@ -52,9 +53,9 @@ the other options: langchain's ``Choice`` suggests ``other`` or ``none_of_the_ab
 NONE_COSINE = 0.28
 """The cosine a "none of these" option scores when the options are label words and descriptions:
 the log-loss fit on CLINC150's dev split (3,000 requests and 100 out of scope)."""
-NONE_COSINE_WITH_EXAMPLES = 0.34
-"""The same fit when the options carry examples (5 or 10 train texts a label): an option made of
-examples lies closer to the requests it stands for than a label's words do."""
+NONE_COSINE_WITH_EXAMPLES = 0.37
+"""The same fit when the options carry examples (5 or 10 train texts a label, pooled): an option
+with examples lies closer to the requests it stands for than a label's words do."""
 MAX_TOKENS = 256
 """Longest text the encoder reads (all-MiniLM-L6-v2 was trained on up to 256 word pieces); the end is kept."""
 _DIST = "all_minilm_l6_v2"
@@ -106,8 +107,10 @@ class Encoder:
                 vectors.append(torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1))
         return torch.cat(vectors)
 
-    def option_vectors(self, question: ParsedQuestion) -> torch.Tensor:
-        """The vectors of ``question``'s options, computed once per question."""
+    def option_vectors(self, question: ParsedQuestion) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``question``'s options as the encoder reads them, computed once per question: each
+        option's centroid (the normalised mean of its texts), every text's vector, and the
+        option each text belongs to."""
         with self._lock:
             cached = self._options.get(question.key)
             if cached is not None:
@@ -117,17 +120,28 @@ class Encoder:
         texts = [[label_text(label, text), *shown] for label, text, shown in zip(question.options, question.descriptions, examples, strict=True)]
         flat = self.embed([text for option in texts for text in option])
         sizes = [len(option) for option in texts]
-        vectors = torch.stack([torch.nn.functional.normalize(part.mean(0), dim=0) for part in flat.split(sizes)])
+        centroids = torch.stack([torch.nn.functional.normalize(part.mean(0), dim=0) for part in flat.split(sizes)])
+        owners = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+        vectors = (centroids, flat, owners)
         with self._lock:
             self._options[question.key] = vectors
             while len(self._options) > _CACHE_SIZE:
                 self._options.popitem(last=False)
         return vectors
 
+    def cosines(self, query: torch.Tensor, question: ParsedQuestion) -> torch.Tensor:
+        """How close ``query`` (a unit vector) comes to each option: the mean of its cosine to the
+        option's centroid and to the option's closest text. An option with no examples has one
+        text, so this is its cosine; with examples, one close example counts beside the average
+        (10 BANKING77 examples a label: macro-F1 0.812 -> 0.835 and 0.813 -> 0.846, two draws)."""
+        centroids, texts, owners = self.option_vectors(question)
+        nearest = torch.full((len(centroids),), -1.0).scatter_reduce(0, owners, texts @ query, reduce="amax")
+        return (centroids @ query + nearest) / 2
+
     def probabilities(self, state: Any, question: ParsedQuestion) -> list[float]:
         """Each option's probability of being what ``state``'s request is about."""
         query = self.embed([request_text(state)])[0]
-        cosines = self.option_vectors(question) @ query
+        cosines = self.cosines(query, question)
         nones = [i for i, label in enumerate(question.options) if is_none_label(label)]
         if len(nones) < len(question.options):  # options that are all "none" keep their own cosines
             floor = NONE_COSINE_WITH_EXAMPLES if question.examples else NONE_COSINE
