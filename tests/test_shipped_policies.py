@@ -64,8 +64,12 @@ def test_look_alike_commands_are_left_to_the_model(guard: Guard, command: str) -
     assert verdict.rule not in {"wipe-everything", "wipe-device", "recursive-delete"}, verdict.rule
 
 
-@pytest.mark.parametrize(("tool", "action"), [("drop_index", "confirm"), ("delete_webhook", "confirm"), ("truncate_logs", "confirm"), ("remove_object", "allow")])
-def test_a_tool_named_to_delete_drop_or_truncate_is_destructive_whatever_the_model_says(tool: str, action: str) -> None:
+@pytest.mark.parametrize(
+    ("tool", "action"),
+    [("drop_index", "confirm"), ("delete_webhook", "confirm"), ("truncate_logs", "confirm"), ("purge_queue", "confirm"),
+     ("destroy_vm", "confirm"), ("erase_record", "confirm"), ("wipe_cache", "confirm"), ("remove_object", "allow")],
+)
+def test_a_tool_named_to_destroy_is_destructive_whatever_the_model_says(tool: str, action: str) -> None:
     """Such a call still needs the user's request when the model reads it as harmless (on new tools the shipped
     head read `drop_index` 0.65 destructive and let it run unasked: benchmarks/asked.py); other names are the model's."""
     harmless = ScriptedDecisionModel(script={"delete, overwrite or corrupt": 0.05, "explicitly ask": 0.05, "How much data": 0})
