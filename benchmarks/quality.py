@@ -70,10 +70,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
-from clef_guard.engine.encoder import EMBEDDED_ENCODER
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
-from clef_guard.engine.novelty import QuestionMemory, familiarity_scale
+from clef_guard.engine.novelty import familiarity_scale
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.training.datasets import load_task, sample_options, with_examples
@@ -228,18 +227,14 @@ def main() -> None:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
     scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
-    memories: dict[int, QuestionMemory] = {}
 
     def familiarity_scales(head: DecisionHead | None, rows: list[Example]) -> list[float] | None:
-        """What the engine multiplies ``head``'s logits by for each row (none for the backbone, wide
-        readings, or a head that does not list its questions)."""
-        encoder = engine.sentence_encoder
-        if head is None or not head.questions or encoder is None:
+        """What the engine multiplies ``head``'s logits by for each row (1 where it reports no familiarity)."""
+        if head is None:
             return None
-        if id(head) not in memories:
-            memories[id(head)] = QuestionMemory(head.questions, encoder, EMBEDDED_ENCODER)
-        parsed = [parse_questions({"q": row.question})[0] for row in rows]
-        return [1.0 if engine.reading(q) == "wide" else familiarity_scale(memories[id(head)].cosine(q)) for q in parsed]
+        cosines = [engine.familiarity(parse_questions({"q": row.question})[0], head=head) for row in rows]
+        return [1.0 if cosine is None else familiarity_scale(cosine) for cosine in cosines]
+
     sparrow = SparrowDecisionModel() if args.sparrow else None
     for recipe in recipes:
         train = [f for part in recipe.train for f in read(part)[1]]

@@ -70,3 +70,15 @@ def test_the_encoder_read_questions_and_the_backbone_alone_have_no_familiarity(e
     assert backbone.invoke({"state": STATE, "questions": question}).familiarity == {}
     (parsed,) = parse_questions({"q": Noul(instructions="Is it raining?")})
     assert question_text(parsed) == "Is it raining?"
+
+
+def test_familiarity_can_be_asked_for_another_head(engine: LocalDecisionModel) -> None:
+    """Benchmarks score several heads over one backbone; each reports its own questions' familiarity."""
+    (rate,) = parse_questions({"q": Noul(instructions="Is the user asking to rate a book?")})
+    other = DecisionHead(576)
+    other.questions = (question_text(rate),)
+    own = engine.familiarity(rate)
+    assert own is not None and own < 0.75
+    assert engine.familiarity(rate, head=other) == pytest.approx(1.0, abs=1e-5)
+    assert engine.familiarity(rate) == own  # the engine's own head is untouched
+    assert engine.familiarity(rate, head=DecisionHead(576)) is None  # a head that lists no questions

@@ -28,6 +28,7 @@ import copy
 import hashlib
 import json
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,7 @@ class LocalDecisionModel(BaseDecisionModel):
     _option_cache: OptionVectors = PrivateAttr(default_factory=OptionVectors)
     _encoder: Encoder | None = PrivateAttr(default=None)
     _encoder_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _memory: QuestionMemory | None = PrivateAttr(default=None)
+    _memories: weakref.WeakKeyDictionary[DecisionHead, QuestionMemory] = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
 
     def model_post_init(self, context: Any, /) -> None:
         """Load the backbone, adapter and head once, when the engine is built."""
@@ -245,11 +246,12 @@ class LocalDecisionModel(BaseDecisionModel):
         wide = question.kind == "choice" and len(question.options) > self.wide_choice_options
         return "wide" if wide else question.kind
 
-    def reads_with_encoder(self, question: ParsedQuestion) -> bool:
+    def reads_with_encoder(self, question: ParsedQuestion, *, head: DecisionHead | None = None) -> bool:
         """Whether the sentence encoder answers ``question``, when there is an encoder: a choice whose
         options carry examples (a topical choice), or a wide choice unless the head's wide map was
-        trained (whoever trained it meant it to read them)."""
-        wide = self.reading(question) == "wide" and not (self._head is not None and self._head.reads_wide)
+        trained (whoever trained it meant it to read them). ``head``: another head than the engine's."""
+        head = head if head is not None else self._head
+        wide = self.reading(question) == "wide" and not (head is not None and head.reads_wide)
         topical = wide or (question.kind == "choice" and bool(question.examples))
         return topical and self.sentence_encoder is not None
 
@@ -271,19 +273,23 @@ class LocalDecisionModel(BaseDecisionModel):
                 self._encoder = Encoder(path, device=self._backbone.device)
             return self._encoder
 
-    def familiarity(self, question: ParsedQuestion) -> float | None:
+    def familiarity(self, question: ParsedQuestion, *, head: DecisionHead | None = None) -> float | None:
         """The cosine between ``question`` and the nearest question the head was trained on; ``None``
-        when there is no head, it does not list its questions (older heads), or there is no encoder."""
-        if self._head is None or not self._head.questions or self.reads_with_encoder(question):
+        when there is no head, it does not list its questions (older heads), the encoder reads the
+        question, or there is no encoder. ``head``: another head than the engine's (benchmarks
+        score several over one backbone)."""
+        head = head if head is not None else self._head
+        if head is None or not head.questions or self.reads_with_encoder(question, head=head):
             return None
         encoder = self.sentence_encoder
         if encoder is None:
             return None
         with self._encoder_lock:
-            if self._memory is None:
+            memory = self._memories.get(head)
+            if memory is None:
                 name = EMBEDDED_ENCODER if self.encoder == "auto" else str(self.encoder)
-                self._memory = QuestionMemory(self._head.questions, encoder, name)
-        return self._memory.cosine(question)
+                memory = self._memories[head] = QuestionMemory(head.questions, encoder, name)
+        return memory.cosine(question)
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         parsed = parse_questions(questions)
