@@ -80,6 +80,25 @@ def test_a_tool_named_to_destroy_is_destructive_whatever_the_model_says(tool: st
     assert verdict.rule == ("destructive-not-requested" if action == "confirm" else None)
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "action"),
+    [
+        ("shell", {"command": "rm -f /srv/incidents/2026-11-30.md"}, "confirm"),
+        ("run_command", {"command": "sudo shred notes.txt"}, "confirm"),
+        ("execute_sql", {"query": "DELETE FROM shipments WHERE id = 4"}, "confirm"),
+        ("run_sql", {"query": "  drop index idx_orders"}, "confirm"),
+        ("shell", {"command": "grep -r rm ./scripts"}, "allow"),
+        ("run_sql", {"query": "UPDATE orders SET state = 'x' WHERE id = 1"}, "allow"),  # changes data: the model's to judge
+    ],
+)
+def test_a_command_that_deletes_is_destructive_whatever_the_model_says(name: str, args: dict, action: str) -> None:
+    harmless = ScriptedDecisionModel(script={"delete, overwrite or corrupt": 0.05, "explicitly ask": 0.05, "How much data": 0})
+    guard = Guard(load_policies(POLICIES / "destructive-actions.yaml"), engine=harmless, human_review=True)
+    call = {"name": name, "args": args, "id": "c1"}
+    verdict = guard.check(call, [HumanMessage("Summarise yesterday's incident notes for me."), AIMessage("", tool_calls=[call])])
+    assert (verdict.action, verdict.rule) == (action, "destructive-not-requested" if action == "confirm" else None)
+
+
 GOLDEN_REQUEST = "Clear the refunded bookings and the stale export snapshot, then mail the weekly report to our partner."
 GOLDEN_STEPS = [
     ("list_files", {"folder": "drive/exports"}, "roadmap.md\nsnapshot-2025-10.tar"),
