@@ -42,6 +42,7 @@ from clef_guard.gate.trail import (
     flow_variables,
     model_turns,
     read_trail,
+    texts_of,
     user_given,
     user_text,
 )
@@ -268,10 +269,13 @@ class Guard:
         if prefill is None:
             return None
         views = {}
+        results = texts_of(state, "tool")
+        typed = user_text(state) if results else ""
         for policy in self.policies:
             if policy.applies_to.phase == "before_tool" and policy.questions:
                 upcoming = upcoming_state(policy, state)
-                trusted = without_results(upcoming) if upcoming is not None and policy.state.check_without_results else None
+                checked = upcoming is not None and policy.state.check_without_results
+                trusted = without_results(upcoming, results, typed) if checked else None
                 for view in (upcoming, trusted):
                     if view is not None:
                         views.setdefault(json.dumps(view, default=str, sort_keys=True), view)
@@ -356,6 +360,8 @@ class Guard:
         """Each policy's reading of each view of the call (and result window); one state per distinct view."""
         states: dict[str, dict[str, Any]] = {}
         units = []
+        results = texts_of(run.state, "tool") if any(p.state.check_without_results for p in policies) else []
+        typed = user_text(run.state) if results else ""
         for policy in policies:
             result = run.call.get("result") if policy.state.tool_result else None
             for span in result_windows(result, policy.state.result_window):
@@ -364,7 +370,7 @@ class Guard:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
                     states[view] = engine_state(policy, call, run.state, run.description)
                 units.append(_Unit(policy, view, states[view], span, escalated=escalated))
-                trusted = without_results(states[view]) if policy.state.check_without_results else None
+                trusted = without_results(states[view], results, typed) if policy.state.check_without_results else None
                 if trusted is not None:
                     states.setdefault(view + "/without_results", trusted)
                     units.append(_Unit(policy, view + "/without_results", states[view + "/without_results"], span, True, escalated))

@@ -31,8 +31,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from clef_guard.engine.state import content_text
-from clef_guard.gate.view import message_kind, state_messages
+from clef_guard.engine.state import content_text, message_kind, state_messages
 
 TRAIL_KEY = "clef_guard_trail"
 """The graph-state key the integrations keep a thread's trail under."""
@@ -178,7 +177,12 @@ def user_given(args: Mapping[str, Any], typed: str) -> list[str]:
 
 def user_text(state: Any) -> str:
     """Everything the user typed in the state's messages, normalised (what :func:`carried_labels` trusts)."""
-    return "\n".join(normalise(content_text(_content(m))) for m in state_messages(state) if message_kind(m) == "human")
+    return "\n".join(normalise(text) for text in texts_of(state, "human"))
+
+
+def texts_of(state: Any, kind: str) -> list[str]:
+    """The text of each of the state's messages of ``kind`` (``human``, ``tool``, ...), in order."""
+    return [content_text(_content(m)) for m in state_messages(state) if message_kind(m) == kind]
 
 
 def _is_entry(entry: Any) -> bool:

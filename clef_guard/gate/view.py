@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from clef_guard.engine.state import as_message, message_kind, state_messages
 from clef_guard.errors import PolicyError
+from clef_guard.gate.trail import normalise
 from clef_guard.policy.load import Policy
 
 
@@ -28,13 +30,68 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
     return payload
 
 
-def without_results(engine_view: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``engine_view`` with the earlier tool results left out of its messages (the calls that
-    made them stay); ``None`` when its messages hold none. The result a policy screens
-    (``tool_result``) stays: it is what the question is about."""
-    messages = engine_view.get("messages") or []
-    kept = [m for m in messages if message_kind(m) != "tool"]
-    return None if len(kept) == len(messages) else {**engine_view, "messages": kept}
+COPIED_MIN_CHARS = 24
+"""Shortest run of an argument's text, found verbatim in an earlier tool result, that the reading
+without results leaves out (:func:`without_results`)."""
+COPIED_MASK = "[...]"
+_IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
+"""What stays when copied: one ASCII token (a path, URL, address, key) or spaced groups of capitals and digits (an IBAN)."""
+
+
+def without_results(engine_view: Mapping[str, Any], results: Sequence[str] = (), typed: str = "") -> dict[str, Any] | None:
+    """``engine_view`` without what earlier tool results wrote: the results themselves (the calls
+    that made them stay) and prose the agent copied from them into the arguments of the call and
+    of its earlier calls, replaced by :data:`COPIED_MASK` (a run of :data:`COPIED_MIN_CHARS` or
+    more characters found in one of ``results`` and not in what the user typed, ``typed``; paths,
+    ids, addresses and account numbers stay). ``None`` when there is nothing to
+    leave out. The result a policy screens (``tool_result``) stays: it is what the question is
+    about."""
+    grams = _grams(results)
+    view = dict(engine_view)
+    if "messages" in engine_view:
+        kept = [m for m in engine_view["messages"] if message_kind(m) != "tool"]
+        view["messages"] = [_calls_uncopied(m, grams, typed) for m in kept] if grams else kept
+    tool = engine_view.get("tool")
+    if grams and isinstance(tool, Mapping) and "args" in tool:
+        view["tool"] = {**tool, "args": _uncopied(tool["args"], grams, typed)}
+    return None if view == engine_view else view
+
+
+def _grams(results: Sequence[str]) -> frozenset[str]:
+    return frozenset(r[i : i + COPIED_MIN_CHARS] for r in results for i in range(len(r) - COPIED_MIN_CHARS + 1))
+
+
+def _calls_uncopied(message: Any, grams: frozenset[str], typed: str) -> Any:
+    """An agent's message whose tool calls' arguments are :func:`_uncopied`; any other message as it is."""
+    if message_kind(message) != "ai":
+        return message
+    if isinstance(message, BaseMessage):
+        calls = getattr(message, "tool_calls", None)
+        return message.model_copy(update={"tool_calls": _uncopied(calls, grams, typed)}) if calls else message
+    return {**message, "tool_calls": _uncopied(message["tool_calls"], grams, typed)} if message.get("tool_calls") else message
+
+
+def _uncopied(value: Any, grams: frozenset[str], typed: str) -> Any:
+    """``value`` (a JSON value) with the prose copied from earlier results replaced by :data:`COPIED_MASK`."""
+    if isinstance(value, Mapping):
+        return {k: _uncopied(v, grams, typed) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_uncopied(v, grams, typed) for v in value]
+    if not isinstance(value, str) or len(value) < COPIED_MIN_CHARS:
+        return value
+    covered = [False] * len(value)
+    for i in range(len(value) - COPIED_MIN_CHARS + 1):
+        if value[i : i + COPIED_MIN_CHARS] in grams:
+            covered[i : i + COPIED_MIN_CHARS] = [True] * COPIED_MIN_CHARS
+    out, start = [], 0
+    for end in range(len(value) + 1):
+        if end < len(value) and covered[end] == covered[start]:
+            continue
+        piece = value[start:end]
+        copied = covered[start] and not _IDENTIFIER.fullmatch(piece.strip()) and normalise(piece) not in typed
+        out.append(COPIED_MASK if copied else piece)
+        start = end
+    return "".join(out)
 
 
 MAX_WINDOWS = 16
