@@ -24,7 +24,15 @@ from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import to_json
 
 
-class ScriptedDecisionModel(BaseDecisionModel):
+class BareDecisionModel(BaseDecisionModel):
+    """A decision model of these tests' own (its provider is ``test``): subclasses answer in ``_classify``."""
+
+    @property
+    def _provider(self) -> str:
+        return "test"
+
+
+class ScriptedDecisionModel(BareDecisionModel):
     """Answers from ``script``: instruction substring -> P(yes) or option probabilities.
 
     A noul not in the script gets 0.5; a choice or score gets a uniform distribution.
@@ -38,10 +46,6 @@ class ScriptedDecisionModel(BaseDecisionModel):
     delay_s: float = 0.0
     fail: bool = False
     calls: list[dict[str, Any]] = []
-
-    @property
-    def _provider(self) -> str:
-        return "test"
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         self.calls.append({"state": state, "questions": dict(questions)})

@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 import torch
 from langchain_core.decisions import (
-    BaseDecisionModel,
     ChoiceAnswer,
     ClassifierResponse,
     Question,
     State,
 )
-from model import ScriptedDecisionModel
+from model import BareDecisionModel, ScriptedDecisionModel
 from opentelemetry.trace import StatusCode
 from test_audit import Recorder
 from test_gate import DESTRUCTIVE, OUTBOUND
@@ -62,14 +61,10 @@ def test_a_nan_head_is_an_engine_error_and_the_shipped_policy_fails_closed(engin
     assert span.status.status_code is StatusCode.ERROR
 
 
-class _NanChoices(BaseDecisionModel):
+class _NanChoices(BareDecisionModel):
     """Any engine (hosted or local) can hand back NaN: the gate checks every answer itself."""
 
     model: str = "nan"
-
-    @property
-    def _provider(self) -> str:
-        return "test"
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         nan = float("nan")

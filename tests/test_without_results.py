@@ -8,9 +8,9 @@ import textwrap
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, Question, State
+from langchain_core.decisions import ClassifierResponse, Question, State
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-from model import ScriptedDecisionModel
+from model import BareDecisionModel, ScriptedDecisionModel
 from test_audit import Recorder
 
 from clef_guard import Guard, load_policies, parse_policy
@@ -98,14 +98,10 @@ def test_the_span_says_which_reading_decided() -> None:
     assert "explicitly asked" not in str(span.attributes) + str([e.attributes for e in span.events])
 
 
-class HashedDecisionModel(BaseDecisionModel):
+class HashedDecisionModel(BareDecisionModel):
     """An engine whose every answer is an arbitrary (hashed) function of the whole state it reads."""
 
     model: str = "hashed"
-
-    @property
-    def _provider(self) -> str:
-        return "test"
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         seen = to_json(state)
