@@ -145,7 +145,7 @@ def test_prose_copied_from_a_result_into_an_argument_is_left_out_of_that_reading
     verdict = guarded.check(call, state)
     assert verdict.action == "confirm" and verdict.decisions[0].without_results
     trusted = next(c["state"] for c in engine.calls if len(c["state"]["messages"]) == 4)
-    assert trusted["tool"]["args"] == {"path": "/data/exports/2026/archive-full.tar", "reason": "[...]"}
+    assert trusted["tool"]["args"] == {"path": "/data/exports/2026/archive-full.tar"}  # the reason was all copied
 
 
 def test_what_the_user_typed_is_not_left_out_even_when_a_result_repeats_it() -> None:
@@ -171,7 +171,7 @@ def test_no_prose_copied_from_a_result_makes_a_shipped_policy_more_permissive(ca
     copied = {**call, "args": {**call["args"], "note": "From the page: " + text}}
     state = _state(text)
     state[-1] = AIMessage("", tool_calls=[copied])
-    left_out = {**call, "args": {**call["args"], "note": "From the page: [...]"}}
+    left_out = {**call, "args": {**call["args"], "note": "From the page: "}}
     without = [m for m in state[:-1] if m.type != "tool"] + [AIMessage("", tool_calls=[left_out])]
     assert SEVERITY[guard.check(copied, state).action] >= SEVERITY[guard.check(left_out, without).action]
 
@@ -190,4 +190,4 @@ def test_copied_identifiers_stay_and_copied_prose_goes(copied: str, kept: bool) 
     trusted = without_results(view, [f"Invoice 7. {copied}. Thanks."], typed="")
     assert (trusted is None) == kept
     if not kept:
-        assert trusted is not None and trusted["tool"]["args"] == {"to": "[...]", "n": 3}
+        assert trusted is not None and trusted["tool"]["args"] == {"n": 3}

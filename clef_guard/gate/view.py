@@ -33,7 +33,6 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
 COPIED_MIN_CHARS = 24
 """Shortest run of an argument's text, found verbatim in an earlier tool result, that the reading
 without results leaves out (:func:`without_results`)."""
-COPIED_MASK = "[...]"
 _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 """What stays when copied: one ASCII token (a path, URL, address, key) or spaced groups of capitals and digits (an IBAN)."""
 
@@ -41,9 +40,9 @@ _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 def without_results(engine_view: Mapping[str, Any], results: Sequence[str] = (), typed: str = "") -> dict[str, Any] | None:
     """``engine_view`` without what earlier tool results wrote: the results themselves (the calls
     that made them stay) and prose the agent copied from them into the arguments of the call and
-    of its earlier calls, replaced by :data:`COPIED_MASK` (a run of :data:`COPIED_MIN_CHARS` or
-    more characters found in one of ``results`` and not in what the user typed, ``typed``; paths,
-    ids, addresses and account numbers stay). ``None`` when there is nothing to
+    of its earlier calls (a run of :data:`COPIED_MIN_CHARS` or more characters found in one of
+    ``results`` and not in what the user typed, ``typed``; paths, ids, addresses and account
+    numbers stay; an argument that held nothing else goes). ``None`` when there is nothing to
     leave out. The result a policy screens (``tool_result``) stays: it is what the question is
     about."""
     grams = _grams(results)
@@ -72,9 +71,11 @@ def _calls_uncopied(message: Any, grams: frozenset[str], typed: str) -> Any:
 
 
 def _uncopied(value: Any, grams: frozenset[str], typed: str) -> Any:
-    """``value`` (a JSON value) with the prose copied from earlier results replaced by :data:`COPIED_MASK`."""
+    """``value`` (a JSON value) without the prose copied from earlier results; a mapping loses the
+    entries that held nothing else."""
     if isinstance(value, Mapping):
-        return {k: _uncopied(v, grams, typed) for k, v in value.items()}
+        kept = {k: _uncopied(v, grams, typed) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v != "" or value[k] == ""}
     if isinstance(value, list):
         return [_uncopied(v, grams, typed) for v in value]
     if not isinstance(value, str) or len(value) < COPIED_MIN_CHARS:
@@ -89,7 +90,7 @@ def _uncopied(value: Any, grams: frozenset[str], typed: str) -> Any:
             continue
         piece = value[start:end]
         copied = covered[start] and not _IDENTIFIER.fullmatch(piece.strip()) and normalise(piece) not in typed
-        out.append(COPIED_MASK if copied else piece)
+        out.append("" if copied else piece)
         start = end
     return "".join(out)
 
