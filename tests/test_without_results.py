@@ -17,7 +17,7 @@ from clef_guard import Guard, load_policies, parse_policy
 from clef_guard.engine.answers import build_answer
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import to_json
-from clef_guard.gate.view import without_results
+from clef_guard.gate.view import Copied, without_results
 from clef_guard.policy.schema import SEVERITY
 
 POLICY = textwrap.dedent(
@@ -187,7 +187,7 @@ def test_no_prose_copied_from_a_result_makes_a_shipped_policy_more_permissive(ca
 )
 def test_copied_identifiers_stay_and_copied_prose_goes(copied: str, kept: bool) -> None:
     view = {"messages": [], "tool": {"name": "pay", "args": {"to": copied, "n": 3}}}
-    trusted = without_results(view, [f"Invoice 7. {copied}. Thanks."], typed="")
+    trusted = without_results(view, Copied([f"Invoice 7. {copied}. Thanks."]))
     assert (trusted is None) == kept
     if not kept:
         assert trusted is not None and trusted["tool"]["args"] == {"n": 3}

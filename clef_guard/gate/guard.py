@@ -48,6 +48,7 @@ from clef_guard.gate.trail import (
 )
 from clef_guard.gate.verdict import PolicyDecision, Verdict
 from clef_guard.gate.view import (
+    Copied,
     engine_state,
     normalise_call,
     result_windows,
@@ -270,12 +271,12 @@ class Guard:
             return None
         views = {}
         results = texts_of(state, "tool")
-        typed = user_text(state) if results else ""
+        copied = Copied(results, user_text(state) if results else "")
         for policy in self.policies:
             if policy.applies_to.phase == "before_tool" and policy.questions:
                 upcoming = upcoming_state(policy, state)
                 checked = upcoming is not None and policy.state.check_without_results
-                trusted = without_results(upcoming, results, typed) if checked else None
+                trusted = without_results(upcoming, copied) if checked else None
                 for view in (upcoming, trusted):
                     if view is not None:
                         views.setdefault(json.dumps(view, default=str, sort_keys=True), view)
@@ -361,7 +362,7 @@ class Guard:
         states: dict[str, dict[str, Any]] = {}
         units = []
         results = texts_of(run.state, "tool") if any(p.state.check_without_results for p in policies) else []
-        typed = user_text(run.state) if results else ""
+        copied = Copied(results, user_text(run.state) if results else "")
         for policy in policies:
             result = run.call.get("result") if policy.state.tool_result else None
             for span in result_windows(result, policy.state.result_window):
@@ -370,7 +371,7 @@ class Guard:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
                     states[view] = engine_state(policy, call, run.state, run.description)
                 units.append(_Unit(policy, view, states[view], span, escalated=escalated))
-                trusted = without_results(states[view], results, typed) if policy.state.check_without_results else None
+                trusted = without_results(states[view], copied) if policy.state.check_without_results else None
                 if trusted is not None:
                     states.setdefault(view + "/without_results", trusted)
                     units.append(_Unit(policy, view + "/without_results", states[view + "/without_results"], span, True, escalated))

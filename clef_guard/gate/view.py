@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -37,50 +38,59 @@ _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 """What stays when copied: one ASCII token (a path, URL, address, key) or spaced groups of capitals and digits (an IBAN)."""
 
 
-def without_results(engine_view: Mapping[str, Any], results: Sequence[str] = (), typed: str = "") -> dict[str, Any] | None:
+class Copied:
+    """What the reading without results leaves out of arguments: runs of :data:`COPIED_MIN_CHARS`
+    or more characters found verbatim in one of ``results`` and not in ``typed`` (what the user
+    typed, normalised). The results' runs are indexed on first need, once per check."""
+
+    def __init__(self, results: Sequence[str] = (), typed: str = "") -> None:
+        self.results = [r for r in results if len(r) >= COPIED_MIN_CHARS]
+        self.typed = typed
+
+    @functools.cached_property
+    def grams(self) -> frozenset[str]:
+        """Every run of :data:`COPIED_MIN_CHARS` characters of the results."""
+        return frozenset(r[i : i + COPIED_MIN_CHARS] for r in self.results for i in range(len(r) - COPIED_MIN_CHARS + 1))
+
+
+def without_results(engine_view: Mapping[str, Any], copied: Copied | None = None) -> dict[str, Any] | None:
     """``engine_view`` without what earlier tool results wrote: the results themselves (the calls
     that made them stay) and prose the agent copied from them into the arguments of the call and
-    of its earlier calls (a run of :data:`COPIED_MIN_CHARS` or more characters found in one of
-    ``results`` and not in what the user typed, ``typed``; paths, ids, addresses and account
-    numbers stay; an argument that held nothing else goes). ``None`` when there is nothing to
-    leave out. The result a policy screens (``tool_result``) stays: it is what the question is
-    about."""
-    grams = _grams(results)
+    of its earlier calls (``copied``; paths, ids, addresses and account numbers stay; an argument
+    that held nothing else goes). ``None`` when there is nothing to leave out. The result a
+    policy screens (``tool_result``) stays: it is what the question is about."""
+    copied = copied if copied is not None and copied.results else None
     view = dict(engine_view)
     if "messages" in engine_view:
         kept = [m for m in engine_view["messages"] if message_kind(m) != "tool"]
-        view["messages"] = [_calls_uncopied(m, grams, typed) for m in kept] if grams else kept
+        view["messages"] = [_calls_uncopied(m, copied) for m in kept] if copied else kept
     tool = engine_view.get("tool")
-    if grams and isinstance(tool, Mapping) and "args" in tool:
-        view["tool"] = {**tool, "args": _uncopied(tool["args"], grams, typed)}
+    if copied and isinstance(tool, Mapping) and "args" in tool:
+        view["tool"] = {**tool, "args": _uncopied(tool["args"], copied)}
     return None if view == engine_view else view
 
 
-def _grams(results: Sequence[str]) -> frozenset[str]:
-    return frozenset(r[i : i + COPIED_MIN_CHARS] for r in results for i in range(len(r) - COPIED_MIN_CHARS + 1))
-
-
-def _calls_uncopied(message: Any, grams: frozenset[str], typed: str) -> Any:
+def _calls_uncopied(message: Any, copied: Copied) -> Any:
     """An agent's message whose tool calls' arguments are :func:`_uncopied`; any other message as it is."""
     if message_kind(message) != "ai":
         return message
     if isinstance(message, BaseMessage):
         calls = getattr(message, "tool_calls", None)
-        return message.model_copy(update={"tool_calls": _uncopied(calls, grams, typed)}) if calls else message
-    return {**message, "tool_calls": _uncopied(message["tool_calls"], grams, typed)} if message.get("tool_calls") else message
+        return message.model_copy(update={"tool_calls": _uncopied(calls, copied)}) if calls else message
+    return {**message, "tool_calls": _uncopied(message["tool_calls"], copied)} if message.get("tool_calls") else message
 
 
-def _uncopied(value: Any, grams: frozenset[str], typed: str) -> Any:
+def _uncopied(value: Any, copied: Copied) -> Any:
     """``value`` (a JSON value) without the prose copied from earlier results; a mapping loses the
     entries that held nothing else."""
     if isinstance(value, Mapping):
-        kept = {k: _uncopied(v, grams, typed) for k, v in value.items()}
+        kept = {k: _uncopied(v, copied) for k, v in value.items()}
         return {k: v for k, v in kept.items() if v != "" or value[k] == ""}
     if isinstance(value, list):
-        return [_uncopied(v, grams, typed) for v in value]
+        return [_uncopied(v, copied) for v in value]
     if not isinstance(value, str) or len(value) < COPIED_MIN_CHARS:
         return value
-    covered = [False] * len(value)
+    grams, covered = copied.grams, [False] * len(value)
     for i in range(len(value) - COPIED_MIN_CHARS + 1):
         if value[i : i + COPIED_MIN_CHARS] in grams:
             covered[i : i + COPIED_MIN_CHARS] = [True] * COPIED_MIN_CHARS
@@ -89,8 +99,8 @@ def _uncopied(value: Any, grams: frozenset[str], typed: str) -> Any:
         if end < len(value) and covered[end] == covered[start]:
             continue
         piece = value[start:end]
-        copied = covered[start] and not _IDENTIFIER.fullmatch(piece.strip()) and normalise(piece) not in typed
-        out.append("" if copied else piece)
+        left_out = covered[start] and not _IDENTIFIER.fullmatch(piece.strip()) and normalise(piece) not in copied.typed
+        out.append("" if left_out else piece)
         start = end
     return "".join(out)
 
