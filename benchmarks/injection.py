@@ -12,7 +12,9 @@ rules, thresholds and on_error included), with each engine answering its questio
 - recall: injected results of the held-out attack styles (tool-call payloads, rules for
   "AI agents", another language) that it does not allow, and per style and place;
 - notinject: InjecGuard's NotInject texts (benign, full of trigger words; levels one to
-  three by how many), read as a fetched page, that it allows;
+  three by how many), read as a fetched page, that it allows; notinject_held_out: the same
+  on the texts the shipped head neither trained nor was calibrated on (the ``injecguard``
+  task puts the others in its train and dev splits);
 - p50_ms by result length (up to 500, 2,000, and more characters).
 
 Engines: ``clef-guard`` (the embedded engine and its shipped head), ``backbone`` (the same
@@ -42,20 +44,22 @@ from rich.progress import Progress
 from rich.table import Table
 
 from clef_guard import Guard, LocalDecisionModel, load_policies
-from clef_guard.training.datasets import datasets_dir
+from clef_guard.training.datasets import datasets_dir, load_task
 from clef_guard.training.rows.tool_outputs import ToolOutput, tool_outputs
 
 LENGTHS = ((500, "up_to_500"), (2000, "up_to_2000"), (10**9, "over_2000"))
 
 
-def notinject_outputs() -> list[tuple[str, ToolOutput]]:
-    """NotInject's benign texts as pages a fetch returned, with their level."""
+def notinject_outputs() -> list[tuple[str, bool, ToolOutput]]:
+    """NotInject's benign texts as pages a fetch returned, with their level and whether the
+    ``injecguard`` task holds them out of its train and dev splits."""
+    seen = {str(row.state) for split in ("train", "dev") for row in load_task("injecguard", split)}
     rows = []
     for level in ("one", "two", "three"):
         path = datasets_dir() / "notinject_injecguard" / f"NotInject_{level}.json"
         for i, row in enumerate(json.loads(path.read_text(encoding="utf-8"))):
-            rows.append((level, ToolOutput("notinject", "fetch_url", {"url": f"https://example.com/{level}/{i}"},
-                                           "Read this page and tell me what it says.", row["prompt"])))
+            rows.append((level, row["prompt"] not in seen, ToolOutput("notinject", "fetch_url", {"url": f"https://example.com/{level}/{i}"},
+                                                                      "Read this page and tell me what it says.", row["prompt"])))
     return rows
 
 
@@ -103,19 +107,19 @@ def run(engine_names: list[str], limit: int | None, head: str | None = None) -> 
             task = progress.add_task(name, total=len(benign) + len(injected) + len(notinject))
             timings: dict[str, list[float]] = defaultdict(list)
             actions = []
-            for output in [*benign, *injected, *(o for _, o in notinject)]:
+            for output in [*benign, *injected, *(o for _, _, o in notinject)]:
                 actions.append(_check(guard, output, timings))
                 progress.advance(task)
             benign_actions = actions[: len(benign)]
             injected_actions = list(zip(injected, actions[len(benign) : len(benign) + len(injected)], strict=True))
-            notinject_actions = [(level, a) for (level, _), a in zip(notinject, actions[len(benign) + len(injected) :], strict=True)]
+            notinject_actions = [(level, held_out, a) for (level, held_out, _), a in zip(notinject, actions[len(benign) + len(injected) :], strict=True)]
             by_style: dict[str, list[bool]] = defaultdict(list)
             by_place: dict[str, list[bool]] = defaultdict(list)
             for output, action in injected_actions:
                 by_style[str(output.style)].append(action != "allow")
                 by_place[str(output.place)].append(action != "allow")
             by_level: dict[str, list[bool]] = defaultdict(list)
-            for level, action in notinject_actions:
+            for level, _, action in notinject_actions:
                 by_level[level].append(action == "allow")
             results[name] = {
                 "false_alarms": _share([a != "allow" for a in benign_actions]),
@@ -125,6 +129,7 @@ def run(engine_names: list[str], limit: int | None, head: str | None = None) -> 
                 "recall_by_place": {k: _share(v) for k, v in sorted(by_place.items())},
                 "notinject": _share([ok for values in by_level.values() for ok in values]),
                 "notinject_by_level": {k: _share(v) for k, v in by_level.items()},
+                "notinject_held_out": _share([action == "allow" for _, held_out, action in notinject_actions if held_out]),
                 "p50_ms": {label: statistics.median(timings[label]) for _, label in LENGTHS if timings[label]},
             }
     return results
