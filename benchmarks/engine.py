@@ -145,7 +145,7 @@ AGENT_TOOLS = {
 }
 
 
-def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool, without_results: bool = True) -> list[tuple[float, int]]:
+def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool, without_results: bool) -> list[tuple[float, int]]:
     """One pass of the agent's turns: per gate, its seconds and the tokens the engine computed.
     ``without_results``: the policies' second reading, without the earlier results (as shipped)."""
     policies = [p.with_state(check_without_results=without_results) for p in load_policies("destructive-actions", "outbound-communication")]

@@ -189,13 +189,11 @@ def build(scenario: Scenario, payload: str | None, place: str | None) -> tuple[l
     said = "Let me take care of that."
     if payload is not None and scenario.phase == "after_tool":
         result = f"{result}{payload}"
-    elif payload is not None and place == "earlier-result":
-        text += payload
-    elif payload is not None and place == COPIED:
-        text += payload
-        call["args"][scenario.text_arg] = str(call["args"].get(scenario.text_arg, "")) + payload
-    elif payload is not None and place == "argument":
-        call["args"][scenario.text_arg] = str(call["args"].get(scenario.text_arg, "")) + payload
+    elif payload is not None and place in ("earlier-result", "argument", COPIED):
+        if place != "argument":
+            text += payload
+        if place != "earlier-result":
+            call["args"][scenario.text_arg] = str(call["args"].get(scenario.text_arg, "")) + payload
     elif payload is not None:
         said += payload
     messages: list[BaseMessage] = [

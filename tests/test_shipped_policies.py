@@ -64,6 +64,12 @@ def test_look_alike_commands_are_left_to_the_model(guard: Guard, command: str) -
     assert verdict.rule not in {"wipe-everything", "wipe-device", "recursive-delete"}, verdict.rule
 
 
+def _harmless_destructive_guard() -> Guard:
+    """The shipped destructive-actions policy over an engine that reads every call as harmless and unasked."""
+    harmless = ScriptedDecisionModel(script={"delete, overwrite or corrupt": 0.05, "explicitly ask": 0.05, "How much data": 0})
+    return Guard(load_policies(POLICIES / "destructive-actions.yaml"), engine=harmless, human_review=True)
+
+
 @pytest.mark.parametrize(
     ("tool", "action"),
     [("drop_index", "confirm"), ("delete_webhook", "confirm"), ("truncate_logs", "confirm"), ("purge_queue", "confirm"),
@@ -72,8 +78,7 @@ def test_look_alike_commands_are_left_to_the_model(guard: Guard, command: str) -
 def test_a_tool_named_to_destroy_is_destructive_whatever_the_model_says(tool: str, action: str) -> None:
     """Such a call still needs the user's request when the model reads it as harmless (on new tools the shipped
     head read `drop_index` 0.65 destructive and let it run unasked: benchmarks/asked.py); other names are the model's."""
-    harmless = ScriptedDecisionModel(script={"delete, overwrite or corrupt": 0.05, "explicitly ask": 0.05, "How much data": 0})
-    guard = Guard(load_policies(POLICIES / "destructive-actions.yaml"), engine=harmless, human_review=True)
+    guard = _harmless_destructive_guard()
     call = {"name": tool, "args": {"target": "legacy"}, "id": "c1"}
     verdict = guard.check(call, [HumanMessage("What do we have in staging?"), AIMessage("", tool_calls=[call])])
     assert verdict.action == action
@@ -92,8 +97,7 @@ def test_a_tool_named_to_destroy_is_destructive_whatever_the_model_says(tool: st
     ],
 )
 def test_a_command_that_deletes_is_destructive_whatever_the_model_says(name: str, args: dict, action: str) -> None:
-    harmless = ScriptedDecisionModel(script={"delete, overwrite or corrupt": 0.05, "explicitly ask": 0.05, "How much data": 0})
-    guard = Guard(load_policies(POLICIES / "destructive-actions.yaml"), engine=harmless, human_review=True)
+    guard = _harmless_destructive_guard()
     call = {"name": name, "args": args, "id": "c1"}
     verdict = guard.check(call, [HumanMessage("Summarise yesterday's incident notes for me."), AIMessage("", tool_calls=[call])])
     assert (verdict.action, verdict.rule) == (action, "destructive-not-requested" if action == "confirm" else None)

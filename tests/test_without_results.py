@@ -187,7 +187,7 @@ def test_no_prose_copied_from_a_result_makes_a_shipped_policy_more_permissive(ca
 )
 def test_copied_identifiers_stay_and_copied_prose_goes(copied: str, kept: bool) -> None:
     view = {"messages": [], "tool": {"name": "pay", "args": {"to": copied, "n": 3}}}
-    trusted = without_results(view, Copied([f"Invoice 7. {copied}. Thanks."]))
+    trusted = without_results(view, Copied([ToolMessage(f"Invoice 7. {copied}. Thanks.", tool_call_id="r1")]))
     assert (trusted is None) == kept
     if not kept:
         assert trusted is not None and trusted["tool"]["args"] == {"n": 3}

@@ -210,8 +210,13 @@ def state_messages(state: Any) -> list[Any]:
 
 def message_kind(message: Any) -> str | None:
     """LangChain's type of a message (``human``, ``ai``, ...); a mapping counts as the message it renders as."""
-    read = message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
+    read = read_message(message)
     return read.type if read is not None else None
+
+
+def read_message(message: Any) -> BaseMessage | None:
+    """``message`` as a LangChain message: a mapping as the message it renders as; ``None`` for anything else."""
+    return message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
 
 
 def as_message(value: Mapping[str, Any]) -> BaseMessage | None:

@@ -42,7 +42,6 @@ from clef_guard.gate.trail import (
     flow_variables,
     model_turns,
     read_trail,
-    texts_of,
     user_given,
     user_text,
 )
@@ -270,8 +269,7 @@ class Guard:
         if prefill is None:
             return None
         views = {}
-        results = texts_of(state, "tool")
-        copied = Copied(results, user_text(state) if results else "")
+        copied = Copied(state)
         for policy in self.policies:
             if policy.applies_to.phase == "before_tool" and policy.questions:
                 upcoming = upcoming_state(policy, state)
@@ -360,9 +358,9 @@ class Guard:
     def _units(self, run: _Check, policies: list[Policy], *, escalated: bool = False) -> list[_Unit]:
         """Each policy's reading of each view of the call (and result window); one state per distinct view."""
         states: dict[str, dict[str, Any]] = {}
+        trusted: dict[str, dict[str, Any] | None] = {}
         units = []
-        results = texts_of(run.state, "tool") if any(p.state.check_without_results for p in policies) else []
-        copied = Copied(results, user_text(run.state) if results else "")
+        copied = Copied(run.state)
         for policy in policies:
             result = run.call.get("result") if policy.state.tool_result else None
             for span in result_windows(result, policy.state.result_window):
@@ -371,10 +369,11 @@ class Guard:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
                     states[view] = engine_state(policy, call, run.state, run.description)
                 units.append(_Unit(policy, view, states[view], span, escalated=escalated))
-                trusted = without_results(states[view], copied) if policy.state.check_without_results else None
-                if trusted is not None:
-                    states.setdefault(view + "/without_results", trusted)
-                    units.append(_Unit(policy, view + "/without_results", states[view + "/without_results"], span, True, escalated))
+                if policy.state.check_without_results:
+                    if view not in trusted:
+                        trusted[view] = without_results(states[view], copied)
+                    if trusted[view] is not None:
+                        units.append(_Unit(policy, view + "/without_results", trusted[view], span, True, escalated))
         return units
 
     def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:

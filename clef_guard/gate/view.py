@@ -10,9 +10,9 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from clef_guard.engine.state import as_message, message_kind, state_messages
+from clef_guard.engine.state import message_kind, read_message, state_messages
 from clef_guard.errors import PolicyError
-from clef_guard.gate.trail import normalise
+from clef_guard.gate.trail import normalise, texts_of, user_text
 from clef_guard.policy.load import Policy
 
 
@@ -40,12 +40,21 @@ _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 
 class Copied:
     """What the reading without results leaves out of arguments: runs of :data:`COPIED_MIN_CHARS`
-    or more characters found verbatim in one of ``results`` and not in ``typed`` (what the user
-    typed, normalised). The results' runs are indexed on first need, once per check."""
+    or more characters found verbatim in one of ``state``'s tool results and not in what the
+    user typed. Read from the state on first need, once per check."""
 
-    def __init__(self, results: Sequence[str] = (), typed: str = "") -> None:
-        self.results = [r for r in results if len(r) >= COPIED_MIN_CHARS]
-        self.typed = typed
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    @functools.cached_property
+    def results(self) -> list[str]:
+        """The state's tool results long enough to be copied from."""
+        return [r for r in texts_of(self._state, "tool") if len(r) >= COPIED_MIN_CHARS]
+
+    @functools.cached_property
+    def typed(self) -> str:
+        """What the user typed, normalised: copied or not, it stays."""
+        return user_text(self._state)
 
     @functools.cached_property
     def grams(self) -> frozenset[str]:
@@ -72,12 +81,8 @@ def without_results(engine_view: Mapping[str, Any], copied: Copied | None = None
 
 def _calls_uncopied(message: Any, copied: Copied) -> Any:
     """An agent's message whose tool calls' arguments are :func:`_uncopied`; any other message as it is."""
-    if message_kind(message) != "ai":
-        return message
-    if isinstance(message, BaseMessage):
-        calls = getattr(message, "tool_calls", None)
-        return message.model_copy(update={"tool_calls": _uncopied(calls, copied)}) if calls else message
-    return {**message, "tool_calls": _uncopied(message["tool_calls"], copied)} if message.get("tool_calls") else message
+    calls = getattr(message, "tool_calls", None) if isinstance(message, BaseMessage) else message.get("tool_calls")
+    return _updated(message, tool_calls=_uncopied(calls, copied)) if calls and message_kind(message) == "ai" else message
 
 
 def _uncopied(value: Any, copied: Copied) -> Any:
@@ -168,7 +173,7 @@ def _conversation(policy: Policy, state: Any, *, upcoming: bool, proposed: Mappi
 def _proposes(messages: Sequence[Any], call: Mapping[str, Any]) -> bool:
     """Whether an agent turn after the user's last one proposes ``call`` (the same id, or the same name and arguments)."""
     for message in reversed(messages):
-        read = message if isinstance(message, BaseMessage) else as_message(message) if isinstance(message, Mapping) else None
+        read = read_message(message)
         if read is None or read.type == "human":
             return False
         for proposed in getattr(read, "tool_calls", None) or []:
@@ -182,11 +187,12 @@ def _proposes(messages: Sequence[Any], call: Mapping[str, Any]) -> bool:
 
 def _calls_only(message: Any) -> Any:
     """An agent's message with its text left out (its tool calls stay); any other message as it is."""
-    if message is None or message_kind(message) != "ai":
-        return message
-    if isinstance(message, BaseMessage):
-        return message.model_copy(update={"content": ""})
-    return {**message, "content": ""}
+    return _updated(message, content="") if message is not None and message_kind(message) == "ai" else message
+
+
+def _updated(message: BaseMessage | Mapping[str, Any], **changes: Any) -> Any:
+    """A copy of ``message``, a LangChain message or a mapping, with ``changes``."""
+    return message.model_copy(update=changes) if isinstance(message, BaseMessage) else {**message, **changes}
 
 
 def _opening(messages: Sequence[Any]) -> list[Any]:
