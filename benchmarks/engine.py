@@ -145,10 +145,13 @@ AGENT_TOOLS = {
 }
 
 
-def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool, without_results: bool) -> list[tuple[float, int]]:
+def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool, trusted: bool) -> list[tuple[float, int]]:
     """One pass of the agent's turns: per gate, its seconds and the tokens the engine computed.
-    ``without_results``: the policies' second reading, without the earlier results (as shipped)."""
-    policies = [p.with_state(check_without_results=without_results) for p in load_policies("destructive-actions", "outbound-communication")]
+    ``trusted``: the policies' second reading, without earlier results and argument prose (as shipped)."""
+    policies = [
+        p.with_state(check_without_results=trusted, check_without_prose=trusted)
+        for p in load_policies("destructive-actions", "outbound-communication")
+    ]
     guard = Guard(policies, engine=engine, lazy=lazy)
     messages: list[Any] = [SystemMessage(AGENT_SYSTEM), HumanMessage(AGENT_REQUEST)]
     gates = []
@@ -168,18 +171,18 @@ def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool, with
 def agent_loop_figures(repeats: int) -> dict[str, Any]:
     """Per-gate latency and tokens computed after the first turn: cache off, on, on with read-ahead
     (every question asked at once), and all of that with lazy questions (what a Guard does on a CPU);
-    the last also with one reading of each view (``state.check_without_results`` off)."""
+    the last also with one reading of each view (no trusted reading)."""
     results: dict[str, Any] = {}
     modes = (("no_cache", 0, False, False, True), ("cache", 8, False, False, True), ("read_ahead", 8, True, False, True),
              ("lazy", 8, True, True, True), ("lazy_one_reading", 8, True, True, False))
-    for mode, cache, ahead, lazy, without_results in modes:
+    for mode, cache, ahead, lazy, trusted in modes:
         engine = LocalDecisionModel(prefix_cache_size=cache)
         later: list[tuple[float, int]] = []
         first: list[float] = []
-        agent_loop(engine, read_ahead=ahead, lazy=lazy, without_results=without_results)  # warm-up
+        agent_loop(engine, read_ahead=ahead, lazy=lazy, trusted=trusted)  # warm-up
         for _ in range(repeats):
             engine.clear_prefix_cache()
-            gates = agent_loop(engine, read_ahead=ahead, lazy=lazy, without_results=without_results)
+            gates = agent_loop(engine, read_ahead=ahead, lazy=lazy, trusted=trusted)
             first.append(gates[0][0])
             later += gates[1:]
         results[f"agent_{mode}_first_ms"] = 1000 * statistics.median(first)
@@ -187,7 +190,7 @@ def agent_loop_figures(repeats: int) -> dict[str, Any]:
         results[f"agent_{mode}_tokens_per_gate"] = statistics.mean(tokens for _, tokens in later)
     results["agent_read_ahead_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_read_ahead_p50_ms"]
     results["agent_lazy_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_lazy_p50_ms"]
-    results["agent_without_results_cost"] = results["agent_lazy_p50_ms"] / results["agent_lazy_one_reading_p50_ms"]
+    results["agent_trusted_reading_cost"] = results["agent_lazy_p50_ms"] / results["agent_lazy_one_reading_p50_ms"]
     return results
 
 

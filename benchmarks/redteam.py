@@ -17,8 +17,9 @@ never flips).
 
     python benchmarks/redteam.py [--json] [--limit N] [--head FILE] [--baseline] [--copied]
 
-``--baseline`` runs the same variants again with ``state.check_without_results`` off (the
-policies read earlier tool results with everything else), on the same engine.
+``--baseline`` runs the same variants again with one reading of each view
+(``state.check_without_results`` and ``state.check_without_prose`` off: the policies read
+earlier tool results and argument prose with everything else), on the same engine.
 
 Nothing here is a training row: the scenarios, tools and wording are written for this
 benchmark alone.
@@ -263,7 +264,7 @@ def main() -> None:
     parser.add_argument("--copied", action="store_true",
                         help="also every pre-call check with the attack in an earlier result and copied into an argument")
     parser.add_argument("--baseline", action="store_true",
-                        help="also run the policies without state.check_without_results, on the same engine, side by side")
+                        help="also run the policies with one reading of each view (no trusted reading), on the same engine, side by side")
     args = parser.parse_args()
     engine = LocalDecisionModel(head=args.head) if args.head else LocalDecisionModel()
     policies = load_policies(*builtin_policies())
@@ -279,7 +280,7 @@ def main() -> None:
     report = run(Guard(policies, engine=engine, human_review=True), variants, "red team")
     if args.baseline:
         engine.clear_prefix_cache()  # the baseline reads every state afresh, as the first run did
-        one_reading = [p.with_state(check_without_results=False) for p in policies]
+        one_reading = [p.with_state(check_without_results=False, check_without_prose=False) for p in policies]
         report["baseline"] = run(Guard(one_reading, engine=engine, human_review=True), variants, "baseline")
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))

@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from clef_guard import Guard, LocalClassifierResponse, LocalDecisionModel, load_policies
 from clef_guard.engine.prompt import label_text
 from clef_guard.engine.requests import parse_questions
-from clef_guard.gate.view import upcoming_state, without_results
+from clef_guard.gate.view import Copied, trusted_view, upcoming_state
 
 STATE = "Ticket #4411: production database is down since 3am and customers cannot pay."
 QUESTIONS = {
@@ -169,7 +169,7 @@ def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
 ) -> None:
     # a window of 6 messages: it slides every turn; one reading (with the results), so the
     # cached tokens are the read-ahead's alone
-    policies = [p.with_state(check_without_results=False) for p in load_policies("outbound-communication")]
+    policies = [p.with_state(check_without_results=False, check_without_prose=False) for p in load_policies("outbound-communication")]
     conversation = _conversation(5)
     call = {"name": "send_email", "args": {"to": "team@example.com", "body": "Staging is clean."}, "id": "call_9"}
     state = {"messages": [*conversation, AIMessage("", tool_calls=[call])]}
@@ -186,7 +186,7 @@ def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
     assert Guard(policies).read_ahead({"messages": conversation}) is None  # no engine loaded yet: nothing to warm
 
 
-def test_reading_ahead_covers_the_reading_without_results_too(engine: LocalDecisionModel) -> None:
+def test_reading_ahead_covers_the_trusted_reading_too(engine: LocalDecisionModel) -> None:
     policies = load_policies("outbound-communication")
     conversation = _conversation(5)
     call = {"name": "send_email", "args": {"to": "team@example.com", "body": "Staging is clean."}, "id": "call_9"}
@@ -200,7 +200,7 @@ def test_reading_ahead_covers_the_reading_without_results_too(engine: LocalDecis
     engine.clear_prefix_cache()
     full = engine.prefill(upcoming)
     engine.clear_prefix_cache()
-    trusted = engine.prefill(without_results(upcoming))
+    trusted = engine.prefill(trusted_view(upcoming, Copied({"messages": conversation})))
     assert verdict.cached_tokens == full + trusted  # each reading found all of its own beginning read
 
 

@@ -103,6 +103,23 @@ def test_a_command_that_deletes_is_destructive_whatever_the_model_says(name: str
     assert (verdict.action, verdict.rule) == (action, "destructive-not-requested" if action == "confirm" else None)
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "action"),
+    [
+        ("read_file", {"path": "/home/ci/.aws/credentials"}, "confirm"),
+        ("shell", {"command": "cat ~/.ssh/id_ed25519"}, "confirm"),
+        ("open_file", {"path": "deploy/.env.production"}, "confirm"),
+        ("vault_read", {"secret": "prod/billing/stripe_api_key"}, "allow"),  # no file: the model's to judge
+    ],
+)
+def test_a_credential_file_needs_the_users_request_whatever_the_model_says(name: str, args: dict, action: str) -> None:
+    harmless = ScriptedDecisionModel(script={"reveal a password": 0.05, "copy, send or print": 0.05, "explicitly ask": 0.05})
+    guard = Guard(load_policies(POLICIES / "credentials-and-secrets.yaml"), engine=harmless, human_review=True)
+    call = {"name": name, "args": args, "id": "c1"}
+    verdict = guard.check(call, [HumanMessage("Why is the deploy job failing?"), AIMessage("", tool_calls=[call])])
+    assert (verdict.action, verdict.rule) == (action, "secret-file-not-requested" if action == "confirm" else None)
+
+
 GOLDEN_REQUEST = "Clear the refunded bookings and the stale export snapshot, then mail the weekly report to our partner."
 GOLDEN_STEPS = [
     ("list_files", {"folder": "drive/exports"}, "roadmap.md\nsnapshot-2025-10.tar"),

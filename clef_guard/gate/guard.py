@@ -50,9 +50,10 @@ from clef_guard.gate.view import (
     Copied,
     engine_state,
     normalise_call,
+    result_lines,
     result_windows,
+    trusted_view,
     upcoming_state,
-    without_results,
 )
 from clef_guard.policy.calibration import load_calibration
 from clef_guard.policy.load import HINTS, Policy
@@ -124,8 +125,8 @@ class _Unit:
     state: dict[str, Any]
     span: tuple[int, int] | None
     """The window of the tool result this unit reads (``None``: all of it)."""
-    without_results: bool = False
-    """Whether ``state`` leaves out the earlier tool results (``state.check_without_results``)."""
+    trusted_reading: bool = False
+    """Whether ``state`` leaves out what the user and the system did not write (earlier results, argument prose)."""
     escalated: bool = False
     answers: dict[str, Any] = field(default_factory=dict)
     """The answers so far, by the policy's question ids."""
@@ -273,8 +274,8 @@ class Guard:
         for policy in self.policies:
             if policy.applies_to.phase == "before_tool" and policy.questions:
                 upcoming = upcoming_state(policy, state)
-                checked = upcoming is not None and policy.state.check_without_results
-                trusted = without_results(upcoming, copied) if checked else None
+                checked = upcoming is not None and policy.state.checks_trusted
+                trusted = _trusted(policy, upcoming, copied) if checked else None
                 for view in (upcoming, trusted):
                     if view is not None:
                         views.setdefault(json.dumps(view, default=str, sort_keys=True), view)
@@ -363,17 +364,21 @@ class Guard:
         copied = Copied(run.state)
         for policy in policies:
             result = run.call.get("result") if policy.state.tool_result else None
-            for span in result_windows(result, policy.state.result_window):
-                view = policy.state.model_dump_json(exclude={"result_window", "check_without_results"}) + json.dumps(span)
+            spans = result_windows(result, policy.state.result_window)
+            if policy.state.result_lines:
+                spans += [span for span in result_lines(result) if span not in spans]
+            for span in spans:
+                view = policy.state.model_dump_json(exclude={"result_window", "result_lines", "check_without_results", "check_without_prose"}) + json.dumps(span)
                 if view not in states:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
                     states[view] = engine_state(policy, call, run.state, run.description)
                 units.append(_Unit(policy, view, states[view], span, escalated=escalated))
-                if policy.state.check_without_results:
-                    if view not in trusted:
-                        trusted[view] = without_results(states[view], copied)
-                    if trusted[view] is not None:
-                        units.append(_Unit(policy, view + "/without_results", trusted[view], span, True, escalated))
+                if policy.state.checks_trusted:
+                    key = f"{view}/trusted/{policy.state.check_without_results}/{policy.state.check_without_prose}"
+                    if key not in trusted:
+                        trusted[key] = _trusted(policy, states[view], copied)
+                    if trusted[key] is not None:
+                        units.append(_Unit(policy, key, trusted[key], span, True, escalated))
         return units
 
     def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:
@@ -438,7 +443,7 @@ class Guard:
             unit.policy, unit.answers, run.call, run.context, flow=run.flow,
             calibrated=unit.policy.name in self._calibrated, escalated=unit.escalated,
         )
-        return replace(decision, span=unit.span, without_results=unit.without_results)
+        return replace(decision, span=unit.span, trusted_reading=unit.trusted_reading)
 
     def _decisions(self, run: _Check) -> list[PolicyDecision]:
         """One decision per policy: the engine's (escalated where the escalation engine answered), then the settled."""
@@ -604,6 +609,11 @@ def _strictest(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
         if decision.policy not in kept or SEVERITY[decision.action] > SEVERITY[kept[decision.policy].action]:
             kept[decision.policy] = decision
     return list(kept.values())
+
+
+def _trusted(policy: Policy, engine_view: dict[str, Any], copied: Copied) -> dict[str, Any] | None:
+    """``policy``'s trusted reading of ``engine_view`` (:func:`~clef_guard.gate.view.trusted_view`), as its ``state:`` asks."""
+    return trusted_view(engine_view, copied, results=policy.state.check_without_results, prose=policy.state.check_without_prose)
 
 
 def _read_ahead(prefill: Callable[[Any], int], states: list[dict[str, Any]]) -> None:

@@ -27,9 +27,10 @@ class PolicyDecision:
     span: tuple[int, int] | None = None
     """The characters of the tool result its answers read, when the policy reads results in
     windows (``state.result_window``): the window that made it strictest."""
-    without_results: bool = False
-    """Whether this decision read the messages without the earlier tool results
-    (``state.check_without_results``), because that reading was the stricter one."""
+    trusted_reading: bool = False
+    """Whether this decision came from the reading without what the user and the system did
+    not write (``state.check_without_results``, ``state.check_without_prose``), because that
+    reading was the stricter one."""
 
 
 @dataclass(frozen=True)

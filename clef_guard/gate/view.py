@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
@@ -33,7 +33,7 @@ def engine_state(policy: Policy, call: Mapping[str, Any], state: Any, descriptio
 
 COPIED_MIN_CHARS = 24
 """Shortest run of an argument's text, found verbatim in an earlier tool result, that the reading
-without results leaves out (:func:`without_results`)."""
+without results leaves out (:func:`trusted_view`)."""
 _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 """What stays when copied: one ASCII token (a path, URL, address, key) or spaced groups of capitals and digits (an IBAN)."""
 
@@ -62,27 +62,59 @@ class Copied:
         return frozenset(r[i : i + COPIED_MIN_CHARS] for r in self.results for i in range(len(r) - COPIED_MIN_CHARS + 1))
 
 
-def without_results(engine_view: Mapping[str, Any], copied: Copied | None = None) -> dict[str, Any] | None:
-    """``engine_view`` without what earlier tool results wrote: the results themselves (the calls
-    that made them stay) and prose the agent copied from them into the arguments of the call and
-    of its earlier calls (``copied``; paths, ids, addresses and account numbers stay; an argument
-    that held nothing else goes). ``None`` when there is nothing to leave out. The result a
-    policy screens (``tool_result``) stays: it is what the question is about."""
-    copied = copied if copied is not None and copied.results else None
+def trusted_view(engine_view: Mapping[str, Any], copied: Copied, *, results: bool = True, prose: bool = True) -> dict[str, Any] | None:
+    """``engine_view`` without what the user and the system did not write, or ``None`` when it
+    holds none of it. ``results``: the earlier tool results (the calls that made them stay) and
+    the prose the agent copied from them into the arguments of the call and of its earlier calls;
+    ``prose``: every argument's prose, copied or not (the agent's model writes it, and whoever
+    steers that model). Paths, ids, addresses, account numbers, numbers and what the user typed
+    stay; an argument that held nothing else goes. The result a policy screens
+    (``tool_result``) stays: it is what the question is about."""
+    if prose:
+        leave_out: Callable[[Any], Any] | None = functools.partial(_data_only, typed=copied.typed)
+    else:
+        leave_out = functools.partial(_uncopied, copied=copied) if results and copied.results else None
     view = dict(engine_view)
     if "messages" in engine_view:
-        kept = [m for m in engine_view["messages"] if message_kind(m) != "tool"]
-        view["messages"] = [_calls_uncopied(m, copied) for m in kept] if copied else kept
+        kept = [m for m in engine_view["messages"] if not results or message_kind(m) != "tool"]
+        view["messages"] = [_calls_with(m, leave_out) for m in kept] if leave_out else kept
     tool = engine_view.get("tool")
-    if copied and isinstance(tool, Mapping) and "args" in tool:
-        view["tool"] = {**tool, "args": _uncopied(tool["args"], copied)}
+    if leave_out and isinstance(tool, Mapping) and "args" in tool:
+        view["tool"] = {**tool, "args": leave_out(tool["args"])}
     return None if view == engine_view else view
 
 
-def _calls_uncopied(message: Any, copied: Copied) -> Any:
-    """An agent's message whose tool calls' arguments are :func:`_uncopied`; any other message as it is."""
+def _calls_with(message: Any, leave_out: Callable[[Any], Any]) -> Any:
+    """An agent's message whose tool calls' arguments went through ``leave_out``; any other message as it is."""
     calls = getattr(message, "tool_calls", None) if isinstance(message, BaseMessage) else message.get("tool_calls")
-    return _updated(message, tool_calls=_uncopied(calls, copied)) if calls and message_kind(message) == "ai" else message
+    if not calls or message_kind(message) != "ai":
+        return message
+    return _updated(message, tool_calls=[{**c, "args": leave_out(c.get("args"))} if isinstance(c, Mapping) else c for c in calls])
+
+
+def _data_only(value: Any, typed: str) -> Any:
+    """``value`` (a JSON value) without prose (:func:`is_prose`) the user did not type; a mapping or
+    list loses the entries left empty."""
+    if isinstance(value, Mapping):
+        kept = {k: _data_only(v, typed) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v != "" or value[k] == ""}
+    if isinstance(value, list):
+        return [v for v, o in ((_data_only(v, typed), v) for v in value) if v != "" or o == ""]
+    return "" if isinstance(value, str) and is_prose(value) and normalise(value) not in typed else value
+
+
+PROSE_WORDS = 3
+"""Words in a natural language that make a string prose (:func:`is_prose`)."""
+_WORD = re.compile(r"(?<!\S)[^\W\d_]+[.,:;!?'\")]*(?!\S)")
+_UNSPACED_WORDS = re.compile(r"[^\W\d_\x00-\x7f]{6,}")
+
+
+def is_prose(text: str) -> bool:
+    """Whether ``text`` is written in a natural language: :data:`PROSE_WORDS` or more words of
+    letters alone, or six letters in a row of a script written without spaces. A path, URL,
+    id, amount, account number, shell command or short SQL statement is not; a sentence is,
+    whatever else it holds."""
+    return len(_WORD.findall(text)) >= PROSE_WORDS or _UNSPACED_WORDS.search(text) is not None
 
 
 def _uncopied(value: Any, copied: Copied) -> Any:
@@ -134,6 +166,19 @@ def result_windows(result: str | None, size: int | None) -> list[tuple[int, int]
         if end >= len(result):
             return spans
         start = end - overlap
+
+
+_LINE = re.compile(r"[^\n]*\S[^\n]*")
+
+
+def result_lines(result: str | None) -> list[tuple[int, int]]:
+    """Character spans of ``result``'s lines that hold text, consecutive lines grouped evenly into
+    at most :data:`MAX_WINDOWS` spans; none for a result of one line."""
+    lines = [match.span() for match in _LINE.finditer(result or "")]
+    if len(lines) < 2:
+        return []
+    n, k = len(lines), min(len(lines), MAX_WINDOWS)
+    return [(lines[i * n // k][0], lines[(i + 1) * n // k - 1][1]) for i in range(k)]
 
 
 def upcoming_state(policy: Policy, state: Any) -> dict[str, Any] | None:

@@ -61,11 +61,26 @@ class StateView(_Strict):
     a fifth), each asked on its own: the policy decides on the window that makes it
     strictest, and its decision names that window (``span``). An attack after pages of
     ordinary text is then read beside little else, and a long page is judged a piece at a time."""
+    result_lines: bool = False
+    """Also read each line of a tool result on its own (consecutive lines grouped into at most
+    16 readings), and decide on the strictest: text an attacker adds on lines of its own
+    cannot change how the other lines read."""
     check_without_results: bool = True
     """When the messages shown hold earlier tool results, also decide without them and keep
     the stricter decision. Whoever wrote a page, a mail or a file the agent read writes its
     results: their text can then make the verdict stricter, never more permissive than the
     reading of what the user, the system and the calls themselves say."""
+    check_without_prose: bool = True
+    """When the call (or an earlier call shown) has arguments in prose, also decide without
+    them and keep the stricter decision. The agent's model writes arguments, and whoever
+    steers it: a reason, a note or a message body can then make the verdict stricter, never
+    more permissive than the reading of the call's paths, ids, addresses and numbers and of
+    what the user typed. Shares one second reading with ``check_without_results``."""
+
+    @property
+    def checks_trusted(self) -> bool:
+        """Whether a second, trusted reading is asked for (either check above)."""
+        return self.check_without_results or self.check_without_prose
 
 
 class Rule(_Strict):

@@ -71,7 +71,7 @@ POLICY_DECISION_EVENT = "clef_guard.policy.decision"
 """One event per policy that applied: its action, rule and whether it was enforced."""
 DECISION_ACTION = "clef_guard.policy.action"
 DECISION_RULE = "clef_guard.policy.rule"
-DECISION_WITHOUT_RESULTS = "clef_guard.policy.without_results"  # true: the stricter reading left earlier tool results out
+DECISION_TRUSTED_READING = "clef_guard.policy.trusted_reading"  # true: the stricter reading left out earlier results and argument prose
 DECISION_SPAN = "clef_guard.policy.result_span"  # [start, end) characters of the result window that decided
 
 # Metrics

@@ -89,8 +89,8 @@ class Telemetry:
                 outcome[sc.DECISION_RULE] = decision.rule
             if decision.span:
                 outcome[sc.DECISION_SPAN] = list(decision.span)
-            if decision.without_results:
-                outcome[sc.DECISION_WITHOUT_RESULTS] = True
+            if decision.trusted_reading:
+                outcome[sc.DECISION_TRUSTED_READING] = True
             span.add_event(sc.POLICY_DECISION_EVENT, outcome)
         if failed:
             span.set_status(Status(StatusCode.ERROR, scrub(verdict.error or "guard error")))
