@@ -17,9 +17,10 @@ rules, thresholds and on_error included), with each engine answering its questio
   task puts the others in its train and dev splits);
 - p50_ms by result length (up to 500, 2,000, and more characters).
 
-Engines: ``clef-guard`` (the embedded engine and its shipped head), ``backbone`` (the same
-backbone alone), ``sparrow`` (the peer sparrow-decider, when installed). ``--limit``
-samples each part with a fixed seed.
+Engines: ``clef-guard`` (the embedded engine and its shipped head), ``clef-guard-whole``
+(the same engine, each result read whole or in windows, not also line by line:
+``state.result_lines`` off), ``backbone`` (the same backbone alone), ``sparrow`` (the peer
+sparrow-decider, when installed). ``--limit`` samples each part with a fixed seed.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def notinject_outputs() -> list[tuple[str, bool, ToolOutput]]:
 def _engines(names: list[str], head: str | None) -> dict[str, BaseDecisionModel]:
     engines: dict[str, BaseDecisionModel] = {}
     for name in names:
-        if name == "clef-guard":
-            engines[name] = LocalDecisionModel(head=head)
+        if name.startswith("clef-guard"):
+            shared = engines.get("clef-guard") or engines.get("clef-guard-whole")
+            engines[name] = shared or LocalDecisionModel(head=head)
         elif name == "backbone":
             engines[name] = LocalDecisionModel(default_head=False)
         else:
@@ -103,7 +105,10 @@ def run(engine_names: list[str], limit: int | None, head: str | None = None) -> 
     policies = load_policies("prompt-injection")
     with Progress(console=Console(stderr=True)) as progress:
         for name, engine in _engines(engine_names, head).items():
-            guard = Guard(policies, engine=engine, timeout_s=None)
+            read = [p.with_state(result_lines=False) for p in policies] if name == "clef-guard-whole" else policies
+            if isinstance(engine, LocalDecisionModel):
+                engine.clear_prefix_cache()  # engines that share one read every result afresh
+            guard = Guard(read, engine=engine, timeout_s=None)
             task = progress.add_task(name, total=len(benign) + len(injected) + len(notinject))
             timings: dict[str, list[float]] = defaultdict(list)
             actions = []
@@ -141,7 +146,7 @@ def _share(flags: list[bool]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", action="append", choices=("clef-guard", "backbone", "sparrow"))
+    parser.add_argument("--engine", action="append", choices=("clef-guard", "clef-guard-whole", "backbone", "sparrow"))
     parser.add_argument("--limit", type=int, default=None, help="rows per part (benign, injected, NotInject), fixed seed")
     parser.add_argument("--head", default=None, help="a head file for the clef-guard engine (default: the shipped one)")
     parser.add_argument("--json", action="store_true")

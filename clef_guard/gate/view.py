@@ -39,9 +39,9 @@ _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 
 
 class Copied:
-    """What the reading without results leaves out of arguments: runs of :data:`COPIED_MIN_CHARS`
-    or more characters found verbatim in one of ``state``'s tool results and not in what the
-    user typed. Read from the state on first need, once per check."""
+    """What the trusted reading leaves out of arguments: runs of :data:`COPIED_MIN_CHARS` or more
+    characters found verbatim in one of ``state``'s tool results (or, for prose, any) and not
+    in what the user typed. Read from the state on first need, once per check."""
 
     def __init__(self, state: Any) -> None:
         self._state = state
@@ -71,9 +71,10 @@ def trusted_view(engine_view: Mapping[str, Any], copied: Copied, *, results: boo
     stay; an argument that held nothing else goes. The result a policy screens
     (``tool_result``) stays: it is what the question is about."""
     if prose:
-        leave_out: Callable[[Any], Any] | None = functools.partial(_data_only, typed=copied.typed)
+        text: Callable[[str], str] | None = functools.partial(_unless_prose, copied=copied)
     else:
-        leave_out = functools.partial(_uncopied, copied=copied) if results and copied.results else None
+        text = functools.partial(_uncopied, copied=copied) if results and copied.results else None
+    leave_out = functools.partial(_each_string, change=text) if text else None
     view = dict(engine_view)
     if "messages" in engine_view:
         kept = [m for m in engine_view["messages"] if not results or message_kind(m) != "tool"]
@@ -92,15 +93,20 @@ def _calls_with(message: Any, leave_out: Callable[[Any], Any]) -> Any:
     return _updated(message, tool_calls=[{**c, "args": leave_out(c.get("args"))} if isinstance(c, Mapping) else c for c in calls])
 
 
-def _data_only(value: Any, typed: str) -> Any:
-    """``value`` (a JSON value) without prose (:func:`is_prose`) the user did not type; a mapping or
-    list loses the entries left empty."""
+def _each_string(value: Any, change: Callable[[str], str]) -> Any:
+    """``value`` (a JSON value) with ``change`` made to every string in it; a mapping or list loses
+    the entries that held nothing else."""
     if isinstance(value, Mapping):
-        kept = {k: _data_only(v, typed) for k, v in value.items()}
+        kept = {k: _each_string(v, change) for k, v in value.items()}
         return {k: v for k, v in kept.items() if v != "" or value[k] == ""}
     if isinstance(value, list):
-        return [v for v, o in ((_data_only(v, typed), v) for v in value) if v != "" or o == ""]
-    return "" if isinstance(value, str) and is_prose(value) and normalise(value) not in typed else value
+        return [v for v, was in ((_each_string(v, change), v) for v in value) if v != "" or was == ""]
+    return change(value) if isinstance(value, str) else value
+
+
+def _unless_prose(text: str, copied: Copied) -> str:
+    """``text``, or nothing when it is prose (:func:`is_prose`) the user did not type."""
+    return "" if is_prose(text) and normalise(text) not in copied.typed else text
 
 
 PROSE_WORDS = 3
@@ -117,15 +123,9 @@ def is_prose(text: str) -> bool:
     return len(_WORD.findall(text)) >= PROSE_WORDS or _UNSPACED_WORDS.search(text) is not None
 
 
-def _uncopied(value: Any, copied: Copied) -> Any:
-    """``value`` (a JSON value) without the prose copied from earlier results; a mapping loses the
-    entries that held nothing else."""
-    if isinstance(value, Mapping):
-        kept = {k: _uncopied(v, copied) for k, v in value.items()}
-        return {k: v for k, v in kept.items() if v != "" or value[k] == ""}
-    if isinstance(value, list):
-        return [_uncopied(v, copied) for v in value]
-    if not isinstance(value, str) or len(value) < COPIED_MIN_CHARS:
+def _uncopied(value: str, copied: Copied) -> str:
+    """``value`` without the prose copied from earlier results (:class:`Copied`)."""
+    if len(value) < COPIED_MIN_CHARS:
         return value
     grams, covered = copied.grams, [False] * len(value)
     for i in range(len(value) - COPIED_MIN_CHARS + 1):

@@ -143,7 +143,7 @@ class Policy:
         return replace(self, thresholds={**self.thresholds, **{k: float(v) for k, v in overrides.items()}})
 
     def with_state(self, **changes: Any) -> Policy:
-        """A copy whose ``state:`` section has ``changes`` (``policy.with_state(check_without_results=False)``), validated."""
+        """A copy whose ``state:`` section has ``changes`` (``policy.with_state(result_lines=True)``), validated."""
         try:
             state = StateView.model_validate({**self.state.model_dump(), **changes})
         except ValidationError as exc:
