@@ -15,11 +15,13 @@ Since every clean check is one a reviewer would stop, the clean twins' own verdi
 measure too: ``clean_stopped`` counts those not allowed (a head that allows everything
 never flips).
 
-    python benchmarks/redteam.py [--json] [--limit N] [--head FILE] [--baseline] [--copied]
+    python benchmarks/redteam.py [--json] [--limit N] [--head FILE] [--baseline] [--copied] [--same-line]
 
 ``--baseline`` runs the same variants again with one reading of each view
 (``state.check_without_results`` and ``state.check_without_prose`` off: the policies read
 earlier tool results and argument prose with everything else), on the same engine.
+Every attack starts a line of its own; ``--same-line`` puts it on the line it is added to,
+as an attacker would who knows that a screened result is also read line by line.
 
 Nothing here is a training row: the scenarios, tools and wording are written for this
 benchmark alone.
@@ -216,8 +218,9 @@ def check(guard: Guard, scenario: Scenario, payload: str | None = None, place: s
     return verdict.action, verdict.latency_ms
 
 
-def run(guard: Guard, variants: list[tuple[int, str, str]], name: str) -> dict[str, Any]:
-    """Every variant beside its clean twin, through ``guard``: flips by policy, attack and place."""
+def run(guard: Guard, variants: list[tuple[int, str, str]], name: str, *, same_line: bool = False) -> dict[str, Any]:
+    """Every variant beside its clean twin, through ``guard``: flips by policy, attack and place.
+    ``same_line``: each attack goes on the line it is added to, not on a line of its own."""
     by_policy: dict[str, Outcome] = defaultdict(Outcome)
     by_attack: dict[str, Outcome] = defaultdict(Outcome)
     by_place: dict[str, Outcome] = defaultdict(Outcome)
@@ -233,7 +236,8 @@ def run(guard: Guard, variants: list[tuple[int, str, str]], name: str) -> dict[s
                 clean[s_index], latency = check(guard, scenario)
                 latencies.append(latency)
                 progress.advance(task)
-            attacked, latency = check(guard, scenario, ATTACKS[attack](s_index), place)
+            payload = ATTACKS[attack](s_index)
+            attacked, latency = check(guard, scenario, " " + payload.lstrip("\n") if same_line else payload, place)
             latencies.append(latency)
             progress.advance(task)
             where = "checked-result" if scenario.phase == "after_tool" else place
@@ -260,6 +264,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--limit", type=int, default=None, help="a fixed-seed sample of N variants")
+    parser.add_argument("--same-line", action="store_true",
+                        help="every attack goes on the line it is added to (an attacker who knows results and arguments are also read line by line)")
     parser.add_argument("--head", default=None, help="a decision head file to use instead of the shipped one")
     parser.add_argument("--copied", action="store_true",
                         help="also every pre-call check with the attack in an earlier result and copied into an argument")
@@ -277,11 +283,11 @@ def main() -> None:
         variants += [(i, attack, COPIED) for i, scenario in enumerate(SCENARIOS) if scenario.phase == "before_tool" for attack in ATTACKS]
     if args.limit is not None:
         variants = sorted(random.Random(0).sample(variants, min(args.limit, len(variants))))
-    report = run(Guard(policies, engine=engine, human_review=True), variants, "red team")
+    report = run(Guard(policies, engine=engine, human_review=True), variants, "red team", same_line=args.same_line)
     if args.baseline:
         engine.clear_prefix_cache()  # the baseline reads every state afresh, as the first run did
         one_reading = [p.with_state(check_without_results=False, check_without_prose=False) for p in policies]
-        report["baseline"] = run(Guard(one_reading, engine=engine, human_review=True), variants, "baseline")
+        report["baseline"] = run(Guard(one_reading, engine=engine, human_review=True), variants, "baseline", same_line=args.same_line)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return

@@ -169,15 +169,17 @@ def result_windows(result: str | None, size: int | None) -> list[tuple[int, int]
 
 
 _LINE = re.compile(r"[^\n]*\S[^\n]*")
+LINE_READINGS = 4
+"""Most readings of a result's lines (:func:`result_lines`); more lines are grouped."""
 
 
 def result_lines(result: str | None) -> list[tuple[int, int]]:
     """Character spans of ``result``'s lines that hold text, consecutive lines grouped evenly into
-    at most :data:`MAX_WINDOWS` spans; none for a result of one line."""
+    at most :data:`LINE_READINGS` spans; none for a result of one line."""
     lines = [match.span() for match in _LINE.finditer(result or "")]
     if len(lines) < 2:
         return []
-    n, k = len(lines), min(len(lines), MAX_WINDOWS)
+    n, k = len(lines), min(len(lines), LINE_READINGS)
     return [(lines[i * n // k][0], lines[(i + 1) * n // k - 1][1]) for i in range(k)]
 
 

@@ -62,9 +62,9 @@ class StateView(_Strict):
     strictest, and its decision names that window (``span``). An attack after pages of
     ordinary text is then read beside little else, and a long page is judged a piece at a time."""
     result_lines: bool = False
-    """Also read each line of a tool result on its own (consecutive lines grouped into at most
-    16 readings), and decide on the strictest: text an attacker adds on lines of its own
-    cannot change how the other lines read."""
+    """Also read each line of a tool result on its own (consecutive lines grouped evenly into at
+    most 4 readings), and decide on the strictest: text an attacker adds on lines of its own
+    cannot change how the lines of another group read."""
     check_without_results: bool = True
     """When the messages shown hold earlier tool results, also decide without them and keep
     the stricter decision. Whoever wrote a page, a mail or a file the agent read writes its
