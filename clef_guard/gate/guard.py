@@ -368,7 +368,7 @@ class Guard:
             if policy.state.result_lines:
                 spans += [span for span in result_lines(result) if span not in spans]
             for span in spans:
-                view = policy.state.model_dump_json(exclude={"result_window", "result_lines", "check_without_results", "check_without_prose"}) + json.dumps(span)
+                view = policy.state.model_dump_json(exclude=_READINGS) + json.dumps(span)
                 if view not in states:
                     call = run.call if span is None else {**run.call, "result": run.call["result"][span[0] : span[1]]}
                     states[view] = engine_state(policy, call, run.state, run.description)
@@ -609,6 +609,10 @@ def _strictest(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
         if decision.policy not in kept or SEVERITY[decision.action] > SEVERITY[kept[decision.policy].action]:
             kept[decision.policy] = decision
     return list(kept.values())
+
+
+_READINGS = {"result_window", "result_lines", "check_without_results", "check_without_prose"}
+"""``state:`` fields that choose which readings a policy makes, not what one reading holds."""
 
 
 def _trusted(policy: Policy, engine_view: dict[str, Any], copied: Copied) -> dict[str, Any] | None:
