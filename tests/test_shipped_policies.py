@@ -120,6 +120,23 @@ def test_a_credential_file_needs_the_users_request_whatever_the_model_says(name:
     assert (verdict.action, verdict.rule) == (action, "secret-file-not-requested" if action == "confirm" else None)
 
 
+@pytest.mark.parametrize(
+    ("request_", "args", "action"),
+    [
+        ("Find the contract renewal date for Vossberg.", {"to": "press@newsdesk.example", "body": "Vossberg is leaving us."}, "confirm"),
+        ("Tell ana@ourco.example the renewal date is in May.", {"to": "ana@ourco.example", "body": "The renewal date is in May."}, "allow"),
+    ],
+)
+def test_a_message_to_no_one_the_user_named_needs_a_confident_request(request_: str, args: dict, action: str) -> None:
+    """A head that reads the message as internal, harmless and probably asked for (0.6) still
+    does not send it to a recipient the user never typed: no result or argument can type it."""
+    lukewarm = ScriptedDecisionModel(script={"outside the user's own": 0.05, "confidential": 0.05, "ask for this message": 0.6})
+    guard = Guard(load_policies(POLICIES / "outbound-communication.yaml"), engine=lukewarm, human_review=True)
+    call = {"name": "send_email", "args": args, "id": "c1"}
+    verdict = guard.check(call, [HumanMessage(request_), AIMessage("", tool_calls=[call])])
+    assert (verdict.action, verdict.rule) == (action, "recipient-not-named" if action == "confirm" else None)
+
+
 GOLDEN_REQUEST = "Clear the refunded bookings and the stale export snapshot, then mail the weekly report to our partner."
 GOLDEN_STEPS = [
     ("list_files", {"folder": "drive/exports"}, "roadmap.md\nsnapshot-2025-10.tar"),
