@@ -267,11 +267,11 @@ def test_lines_added_around_an_instruction_cannot_talk_its_reading_down() -> Non
 
 
 @pytest.mark.parametrize("count", [2, 4, 5, 1_000])
-def test_result_lines_cover_every_line_in_a_few_readings(count: int) -> None:
-    from clef_guard.gate.view import LINE_READINGS, result_lines
+def test_line_spans_cover_every_line_in_a_few_readings(count: int) -> None:
+    from clef_guard.gate.view import LINE_READINGS, line_spans
 
     text = "".join(f"line {i}\n\n" for i in range(count))
-    spans = result_lines(text)
+    spans = line_spans(text)
     assert len(spans) == min(count, LINE_READINGS)
     assert "".join(text[a:b] for a, b in spans).replace("\n", "") == text.replace("\n", "")
 

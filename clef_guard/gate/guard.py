@@ -50,7 +50,8 @@ from clef_guard.gate.view import (
     Copied,
     engine_state,
     normalise_call,
-    result_lines,
+    argument_lines,
+    line_spans,
     result_windows,
     trusted_view,
     upcoming_state,
@@ -366,7 +367,7 @@ class Guard:
             result = run.call.get("result") if policy.state.tool_result else None
             spans = result_windows(result, policy.state.result_window)
             if policy.state.result_lines:
-                spans += [span for span in result_lines(result) if span not in spans]
+                spans += [span for span in line_spans(result) if span not in spans]
             for span in spans:
                 view = policy.state.model_dump_json(exclude=_READINGS) + json.dumps(span)
                 if view not in states:
@@ -379,6 +380,9 @@ class Guard:
                         trusted[key] = _trusted(policy, states[view], copied)
                     if trusted[key] is not None:
                         units.append(_Unit(policy, key, trusted[key], span, True, escalated))
+                if policy.state.argument_lines:
+                    for index, lines in enumerate(argument_lines(states[view], copied)):
+                        units.append(_Unit(policy, f"{view}/lines/{index}", lines, span, True, escalated))
         return units
 
     def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:
@@ -611,7 +615,7 @@ def _strictest(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
     return list(kept.values())
 
 
-_READINGS = {"result_window", "result_lines", "check_without_results", "check_without_prose"}
+_READINGS = {"result_window", "result_lines", "argument_lines", "check_without_results", "check_without_prose"}
 """``state:`` fields that choose which readings a policy makes, not what one reading holds."""
 
 

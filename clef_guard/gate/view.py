@@ -74,6 +74,13 @@ def trusted_view(engine_view: Mapping[str, Any], copied: Copied, *, results: boo
         text: Callable[[str], str] | None = functools.partial(_unless_prose, copied=copied)
     else:
         text = functools.partial(_uncopied, copied=copied) if results and copied.results else None
+    view = _rewritten(engine_view, text, results=results)
+    return None if view == engine_view else view
+
+
+def _rewritten(engine_view: Mapping[str, Any], text: Callable[[str], str] | None, *, results: bool) -> dict[str, Any]:
+    """``engine_view`` with ``text`` made to every string in the arguments of the call and of the
+    agent's calls shown, and (``results``) without the earlier tool results."""
     leave_out = functools.partial(_each_string, change=text) if text else None
     view = dict(engine_view)
     if "messages" in engine_view:
@@ -82,7 +89,7 @@ def trusted_view(engine_view: Mapping[str, Any], copied: Copied, *, results: boo
     tool = engine_view.get("tool")
     if leave_out and isinstance(tool, Mapping) and "args" in tool:
         view["tool"] = {**tool, "args": leave_out(tool["args"])}
-    return None if view == engine_view else view
+    return view
 
 
 def _calls_with(message: Any, leave_out: Callable[[Any], Any]) -> Any:
@@ -170,17 +177,34 @@ def result_windows(result: str | None, size: int | None) -> list[tuple[int, int]
 
 _LINE = re.compile(r"[^\n]*\S[^\n]*")
 LINE_READINGS = 4
-"""Most readings of a result's lines (:func:`result_lines`); more lines are grouped."""
+"""Most readings of one text's lines (:func:`line_spans`); more lines are grouped."""
 
 
-def result_lines(result: str | None) -> list[tuple[int, int]]:
-    """Character spans of ``result``'s lines that hold text, consecutive lines grouped evenly into
-    at most :data:`LINE_READINGS` spans; none for a result of one line."""
-    lines = [match.span() for match in _LINE.finditer(result or "")]
+def line_spans(text: str | None) -> list[tuple[int, int]]:
+    """Character spans of ``text``'s lines that hold something, consecutive lines grouped evenly
+    into at most :data:`LINE_READINGS` spans; none for a text of one line."""
+    lines = [match.span() for match in _LINE.finditer(text or "")]
     if len(lines) < 2:
         return []
     n, k = len(lines), min(len(lines), LINE_READINGS)
     return [(lines[i * n // k][0], lines[(i + 1) * n // k - 1][1]) for i in range(k)]
+
+
+def argument_lines(engine_view: Mapping[str, Any], copied: Copied) -> list[dict[str, Any]]:
+    """``engine_view`` with one of the call's prose arguments cut to one run of its lines
+    (:func:`line_spans`), wherever the call shows it, and the other prose left out (earlier
+    results stay), for each such run: a line an attacker adds to a message cannot change how
+    its other lines read, in the same conversation."""
+    args = (engine_view.get("tool") or {}).get("args")
+    if not isinstance(args, Mapping):
+        return []
+    lines = [(value, value[a:b]) for value in args.values() if isinstance(value, str) and is_prose(value) for a, b in line_spans(value)]
+    return [_rewritten(engine_view, functools.partial(_one_line, value=value, line=line, copied=copied), results=False) for value, line in lines]
+
+
+def _one_line(text: str, value: str, line: str, copied: Copied) -> str:
+    """``line`` for the argument ``value`` (wherever the call shows it), any other prose left out."""
+    return line if text == value else _unless_prose(text, copied)
 
 
 def upcoming_state(policy: Policy, state: Any) -> dict[str, Any] | None:

@@ -65,6 +65,10 @@ class StateView(_Strict):
     """Also read each line of a tool result on its own (consecutive lines grouped evenly into at
     most 4 readings), and decide on the strictest: text an attacker adds on lines of its own
     cannot change how the lines of another group read."""
+    argument_lines: bool = False
+    """Also read each line of the call's prose arguments on its own (at most 4 runs of lines an
+    argument), each in the view without the other prose, and decide on the strictest: a line
+    an attacker adds to a message body cannot change how its other lines read."""
     check_without_results: bool = True
     """When the messages shown hold earlier tool results, also decide without them and keep
     the stricter decision. Whoever wrote a page, a mail or a file the agent read writes its
