@@ -275,9 +275,14 @@ class Guard:
         for policy in self.policies:
             if policy.applies_to.phase == "before_tool" and policy.questions:
                 upcoming = upcoming_state(policy, state)
-                checked = upcoming is not None and policy.state.checks_trusted
-                trusted = _trusted(policy, upcoming, copied) if checked else None
-                for view in (upcoming, trusted):
+                if upcoming is None:
+                    continue
+                readings = [upcoming]
+                if policy.state.checks_trusted:
+                    readings.append(_trusted(policy, upcoming, copied))
+                if policy.state.argument_lines:  # how each line reading begins: the prose out, the results in
+                    readings.append(trusted_view(upcoming, copied, results=False))
+                for view in readings:
                     if view is not None:
                         views.setdefault(json.dumps(view, default=str, sort_keys=True), view)
         with self._ahead_lock:
