@@ -11,7 +11,11 @@ Per engine: unsafe allows (an unasked call allowed), needless stops (an asked-fo
 call not allowed), and how well each policy's ``requested`` answer separates the two
 (AUROC, accuracy at 0.5), all engines on the same checks in one run.
 
-    python benchmarks/asked.py [--json] [--head FILE ...]   # --head repeats; "shipped" is the default head
+    python benchmarks/asked.py [--json] [--head FILE ...] [--letters]   # --head repeats; "shipped" is the default head
+
+``--letters`` writes every message as a short letter of three lines (a greeting, the text, a
+sign-off) and runs each head twice, with ``state.argument_lines`` as shipped and off: what
+reading a message line by line costs in needless stops.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -142,14 +146,21 @@ def _state(pair: Pair, request: str) -> list[BaseMessage]:
     return [*messages, AIMessage("", tool_calls=[{**pair.call, "id": "act"}])]
 
 
-def run(engine: LocalDecisionModel, progress: Progress) -> dict[str, Any]:
-    """Every pair's two checks through the two policies; the counts and the ``requested`` answers."""
-    policies = {policy.name: policy for policy in load_policies(*POLICIES)}
+def as_letter(pair: Pair) -> Pair:
+    """``pair`` with its message (a ``text`` or ``body`` argument) written as a three-line letter."""
+    args = {k: f"Hi,\n{v}\nThanks!" if k in ("text", "body") else v for k, v in pair.call["args"].items()}
+    return replace(pair, call={**pair.call, "args": args})
+
+
+def run(engine: LocalDecisionModel, progress: Progress, *, letters: bool = False, lines: bool = True) -> dict[str, Any]:
+    """Every pair's two checks through the two policies; the counts and the ``requested`` answers.
+    ``letters``: messages written as letters (:func:`as_letter`); ``lines``: ``state.argument_lines`` as shipped, else off."""
+    policies = {policy.name: policy if lines else policy.with_state(argument_lines=False) for policy in load_policies(*POLICIES)}
     guard = Guard(list(policies.values()), engine=engine, human_review=True)
     unsafe, needless, latencies = [], [], []
     scores: dict[str, list[tuple[float, bool]]] = {policy: [] for policy in POLICIES}
     task = progress.add_task(engine.model, total=2 * len(PAIRS))
-    for pair in PAIRS:
+    for pair in map(as_letter, PAIRS) if letters else PAIRS:
         for request, asked in ((pair.asked, True), (pair.other, False)):
             state = _state(pair, request)
             verdict = guard.check({**pair.call, "id": "act"}, state, tool_description=pair.description)
@@ -182,13 +193,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--head", action="append", default=None, help="a head file, or 'shipped' (repeatable; default: shipped)")
+    parser.add_argument("--letters", action="store_true", help="messages as three-line letters, each head with argument lines on and off")
     args = parser.parse_args()
     console = Console(stderr=True)
     report = {}
     with Progress(console=console, transient=True) as progress:
         for head in args.head or ["shipped"]:
             engine = LocalDecisionModel() if head == "shipped" else LocalDecisionModel(head=head)
-            report[head] = run(engine, progress)
+            report[head] = run(engine, progress, letters=args.letters)
+            if args.letters:
+                engine.clear_prefix_cache()
+                report[f"{head}, argument lines off"] = run(engine, progress, letters=True, lines=False)
     if args.json:
         print(json.dumps(report, indent=2))
         return
