@@ -81,6 +81,8 @@ def test_eval_reads_one_source_and_samples_labeled_rows(data: Path, capsys: pyte
     assert main(["eval", "--task", "metatool", "--data", str(data)]) == 2
     assert "not both" in " ".join(capsys.readouterr().err.split())
     assert main(["eval"]) == 2
+    assert main(["eval", "--task", "metatool", "--task", "rjudge"]) == 2  # not a silent "rjudge only"
+    assert "one task at a time" in " ".join(capsys.readouterr().err.split())
     assert main(["eval", "--data", str(data), "--limit", "5", "--engine", "zeroshot", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == 5 and sum(q["n"] for q in report.get("questions", [report])) == 5

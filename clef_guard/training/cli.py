@@ -138,7 +138,7 @@ def add_commands(commands: Any) -> None:
         "'no' rows it lets through (unsafe allows) stay under TARGET with --confidence",
     )
     evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
-    evaluate.add_argument("--task", default=None, help="a task from the shared datasets")
+    evaluate.add_argument("--task", action="append", default=[], help="a task from the shared datasets (one)")
     evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--head", default=None, help="decision head file")
@@ -440,8 +440,10 @@ def _eval_examples(args: argparse.Namespace) -> tuple[str, list[Example]]:
     """What ``eval`` reads, and its name: one task's split, or labeled JSONL files (sampled alike by --limit)."""
     if bool(args.task) == bool(args.data):
         raise ClefGuardError("eval reads one source: give --task NAME or --data FILE.jsonl (repeatable), not both")
+    if len(args.task) > 1:
+        raise ClefGuardError(f"eval reads one task at a time, not {len(args.task)} ({', '.join(args.task)}): run it once per task")
     if args.task:
-        return args.task, load_task(args.task, args.split, limit=args.limit, seed=args.seed)
+        return args.task[0], load_task(args.task[0], args.split, limit=args.limit, seed=args.seed)
     examples = [example for file in args.data for example in _jsonl_rows(file, None)[0]]
     if not examples:
         raise ClefGuardError(f"no labeled rows in {', '.join(map(str, args.data))}")
