@@ -48,10 +48,10 @@ from clef_guard.gate.trail import (
 from clef_guard.gate.verdict import PolicyDecision, Verdict
 from clef_guard.gate.view import (
     Copied,
-    engine_state,
-    normalise_call,
     argument_lines,
+    engine_state,
     line_spans,
+    normalise_call,
     result_windows,
     trusted_view,
     upcoming_state,
@@ -366,6 +366,7 @@ class Guard:
         """Each policy's reading of each view of the call (and result window); one state per distinct view."""
         states: dict[str, dict[str, Any]] = {}
         trusted: dict[str, dict[str, Any] | None] = {}
+        lines: dict[str, list[dict[str, Any]]] = {}
         units = []
         copied = Copied(run.state)
         for policy in policies:
@@ -386,8 +387,10 @@ class Guard:
                     if trusted[key] is not None:
                         units.append(_Unit(policy, key, trusted[key], span, True, escalated))
                 if policy.state.argument_lines:
-                    for index, lines in enumerate(argument_lines(states[view], copied)):
-                        units.append(_Unit(policy, f"{view}/lines/{index}", lines, span, True, escalated))
+                    if view not in lines:
+                        lines[view] = argument_lines(states[view], copied)
+                    for index, cut in enumerate(lines[view]):
+                        units.append(_Unit(policy, f"{view}/lines/{index}", cut, span, True, escalated))
         return units
 
     def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:
@@ -611,8 +614,8 @@ def declared(info: ToolInfo) -> dict[str, Any]:
 
 
 def _strictest(decisions: list[PolicyDecision]) -> list[PolicyDecision]:
-    """One decision per policy: the strictest of its readings (result windows, with and without
-    earlier results); on a tie, the first (the reading with everything)."""
+    """One decision per policy: the strictest of its readings (result windows and lines, the
+    trusted reading, argument lines); on a tie, the first (the reading with everything)."""
     kept: dict[str, PolicyDecision] = {}
     for decision in decisions:
         if decision.policy not in kept or SEVERITY[decision.action] > SEVERITY[kept[decision.policy].action]:

@@ -39,9 +39,9 @@ _IDENTIFIER = re.compile(r"[\x21-\x7e]+|[A-Z0-9]+(?: [A-Z0-9]+)*")
 
 
 class Copied:
-    """What the trusted reading leaves out of arguments: runs of :data:`COPIED_MIN_CHARS` or more
-    characters found verbatim in one of ``state``'s tool results (or, for prose, any) and not
-    in what the user typed. Read from the state on first need, once per check."""
+    """What the trusted reading needs of ``state`` to leave text out of arguments: the tool results
+    an argument may copy runs of :data:`COPIED_MIN_CHARS` or more characters from, and what the
+    user typed (which stays, copied or not). Read from the state on first need, once per check."""
 
     def __init__(self, state: Any) -> None:
         self._state = state
