@@ -70,6 +70,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from clef_guard import LocalDecisionModel
+from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.novelty import familiarity_scale
@@ -161,7 +162,9 @@ def _suite(name: str, limit: int, train_limit: int = 200) -> tuple[list[Recipe],
             )
             for family in UNSEEN_FAMILIES
         ]
-        return recipes, list(parts(list(UNSEEN_FAMILIES), "test", limit))
+        every = list(UNSEEN_FAMILIES)  # the same recipe with nothing held out: what each family reads when seen
+        recipes.append(Recipe("head on every family", parts(every, "train", train_limit), parts(every, "dev", max(20, train_limit // 2))))
+        return recipes, list(parts(every, "test", limit))
     if name == "readers":
         return [], [Part(task, "test", limit) for task in ("banking77", "hwu64", "clinc150", "banking77-oos")]
     if name == "calibrated":
@@ -197,10 +200,14 @@ def main() -> None:
     parser.add_argument("--train-limit", type=int, default=200, help="unseen: train rows of each task a head learns from")
     parser.add_argument("--sparrow", action="store_true", help="also score sparrow-decider on the test rows (same states)")
     parser.add_argument("--save-heads", type=Path, help="write each recipe's head to this folder (named by the recipe)")
+    parser.add_argument("--model", default=EMBEDDED_MODEL, help="the backbone (a path or hub id): heads are trained on its features")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     recipes, tests = _suite(args.suite, args.limit, args.train_limit)
-    engine = LocalDecisionModel(default_head=False)
+    embedded = args.model == EMBEDDED_MODEL
+    if not embedded and any(not recipe.train for recipe in recipes):
+        raise SystemExit(f"the {args.suite} suite scores the shipped head, which reads the embedded backbone only")
+    engine = LocalDecisionModel(model=args.model, default_head=False)
     cache: dict[Part, tuple[list[Example], list[Features]]] = {}
     progress = Progress(console=Console(stderr=True), transient=True)
 
@@ -219,10 +226,9 @@ def main() -> None:
     extract_features(engine, rows, on_progress=lambda done, _: progress.update(bar, completed=done))
     progress.remove_task(bar)
 
-    heads: dict[str, DecisionHead | None] = {
-        "backbone alone": None,
-        "shipped default head": DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size),
-    }
+    heads: dict[str, DecisionHead | None] = {"backbone alone": None}
+    if embedded:
+        heads["shipped default head"] = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
     if args.head:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
@@ -277,9 +283,9 @@ def main() -> None:
                 results.append({"test": f"{part.task} {part.split}{subset}", "head": name, **score(*picked)})
     progress.stop()
     if args.json:
-        print(json.dumps({"suite": args.suite, "results": results, "seconds": seconds}, indent=2))
+        print(json.dumps({"suite": args.suite, "model": args.model, "results": results, "seconds": seconds}, indent=2))
         return
-    table = Table(title=f"quality: {args.suite}")
+    table = Table(title=f"quality: {args.suite} on {args.model}")
     metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "none_auroc")
     for column in ("test", "head", "n", *metrics):
         table.add_column(column)

@@ -15,11 +15,13 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clef_guard.engine.tree import additive_mask
 from clef_guard.errors import ModelLoadError
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
@@ -47,6 +49,10 @@ class Backbone:
     dtype: torch.dtype
     context_window: int
     cache_kw: str
+    sliding_window: int | None = None
+    """How many tokens back a local layer sees (Gemma, Mistral); ``None`` when every layer is global."""
+    mixed_attention: bool = False
+    """Whether local and global layers alternate: the decoder then takes a mask per layer type."""
     _float_head: torch.nn.Module | None = field(default=None, repr=False)
 
     @property
@@ -58,6 +64,22 @@ class Backbone:
     def numerics(self) -> str:
         """The dtype the decoder computes in, by name (``float32``, ``bfloat16``, ``float16``)."""
         return str(self.dtype).removeprefix("torch.")
+
+    def attention_mask(
+        self, allowed: torch.Tensor, queries: Sequence[int], keys: Sequence[int]
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The decoder's mask for a boolean ``[queries, keys]`` pattern, given both sides' positions.
+
+        Local layers also drop keys a window or more behind their query. Mixed models take
+        a mask per layer type, as transformers' own mask builders hand them over.
+        """
+        full = additive_mask(allowed, self.dtype)
+        if self.sliding_window is None:
+            return full
+        device = allowed.device
+        behind = torch.tensor(list(queries), device=device)[:, None] - torch.tensor(list(keys), device=device)[None, :]
+        local = additive_mask(allowed & (behind < self.sliding_window), self.dtype)
+        return {"full_attention": full, "sliding_attention": local} if self.mixed_attention else local
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 next-token logits for ``hidden`` (rows of the decoder's last layer).
@@ -91,6 +113,7 @@ def load_backbone(model: str, *, adapter: str | None, device: str, dtype: str | 
     lm.to(target).eval()
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
     params = inspect.signature(base.get_decoder().forward).parameters
+    window, mixed = _attention_layout(model, base.config)
     return Backbone(
         lm=lm,
         decoder=base.get_decoder(),
@@ -100,7 +123,32 @@ def load_backbone(model: str, *, adapter: str | None, device: str, dtype: str | 
         dtype=torch_dtype,
         context_window=int(getattr(base.config, "max_position_embeddings", 2048)),
         cache_kw="cache" if "cache" in params else "past_key_values",
+        sliding_window=window,
+        mixed_attention=mixed,
     )
+
+
+def _attention_layout(model: str, config: Any) -> tuple[int | None, bool]:
+    """``(sliding window, mixed)`` of a model's attention layers; an error for layers the engine cannot read.
+
+    The engine cuts cached prefixes back and reads branches through a tree mask, which
+    needs every layer to be attention over a key/value cache: recurrent and linear layers
+    (Mamba, gated delta nets) keep a state that can be neither cut back nor masked.
+    """
+    text = config.get_text_config(decoder=True)
+    window = getattr(text, "sliding_window", None)
+    kinds = set(getattr(text, "layer_types", None) or ())
+    unreadable = kinds - {"full_attention", "sliding_attention"}
+    if unreadable:
+        raise ModelLoadError(
+            f"cannot use model {model!r}: its {', '.join(sorted(unreadable))} layers keep a state the engine "
+            "can neither cut back nor mask; pass a model built of attention layers only"
+        )
+    if not kinds:  # one kind throughout: local everywhere when the config names a window (Mistral)
+        return window, False
+    if "sliding_attention" not in kinds or window is None:
+        return None, False
+    return int(window), len(kinds) > 1
 
 
 def embedded_model_path() -> Path:

@@ -62,7 +62,6 @@ from clef_guard.engine.tree import (
     Hidden,
     OptionFeatures,
     Tree,
-    additive_mask,
     build_tree,
     target_logprobs,
 )
@@ -423,14 +422,12 @@ class LocalDecisionModel(BaseDecisionModel):
             positions += [*range(prefix), *tree.positions]
             offsets.append(start + prefix)
         wide = any(branch.wide for item in group for branch in item.job.branches)
-        hidden = self._run(tokens, None, positions=positions, mask=self._mask(allowed), wide=wide)
+        mask = self._backbone.attention_mask(allowed, positions, positions)
+        hidden = self._run(tokens, None, positions=positions, mask=mask, wide=wide)
         return [
             self._features(hidden.rows(offset, len(tree.tokens)), item.job.branches, tree)
             for item, tree, offset in zip(group, trees, offsets, strict=True)
         ]
-
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        return additive_mask(allowed, self._backbone.dtype)
 
     def _branch(self, question: ParsedQuestion) -> Branch:
         reading = self.reading(question)
@@ -470,7 +467,9 @@ class LocalDecisionModel(BaseDecisionModel):
         if cached_kv is None:
             from transformers import DynamicCache
 
-            kv = DynamicCache(config=self._backbone.lm.config)
+            # No config: every layer keeps all past tokens, so a cached prefix can be cut back;
+            # local layers get their window from the masks.
+            kv = DynamicCache()
         else:
             kv = copy.deepcopy(cached_kv)
             if len(key) > hit:
@@ -485,7 +484,9 @@ class LocalDecisionModel(BaseDecisionModel):
         tree = build_tree(prefix_len, branches, self._backbone.device)
         try:
             wide = any(branch.wide for branch in branches)
-            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=self._mask(tree.allowed), wide=wide)
+            keys = [*range(prefix_len), *tree.positions]
+            mask = self._backbone.attention_mask(tree.allowed, tree.positions, keys)
+            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=mask, wide=wide)
         finally:
             extra = kv.get_seq_length() - prefix_len
             if extra:
@@ -517,7 +518,7 @@ class LocalDecisionModel(BaseDecisionModel):
         return self._option_cache.read(branch, prompt, self._backbone, self.max_tree_tokens)
 
     def _run(
-        self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], wide: bool, mask: torch.Tensor | None = None
+        self, tokens: Sequence[int], kv: Any, *, positions: Sequence[int], wide: bool, mask: torch.Tensor | dict[str, torch.Tensor] | None = None
     ) -> Hidden:
         """Decoder forward over ``tokens`` appended to ``kv``: the last layer's states, and
         the penultimate layer's when ``wide`` (a wide choice reads its query there)."""
