@@ -149,7 +149,7 @@ def agent_loop(engine: LocalDecisionModel, *, read_ahead: bool, lazy: bool, trus
     """One pass of the agent's turns: per gate, its seconds and the tokens the engine computed.
     ``trusted``: the policies' second reading, without earlier results and argument prose (as shipped)."""
     policies = [
-        p.with_state(check_without_results=trusted, check_without_prose=trusted)
+        p if trusted else p.without_trusted_reading()
         for p in load_policies("destructive-actions", "outbound-communication")
     ]
     guard = Guard(policies, engine=engine, lazy=lazy)

@@ -6,7 +6,7 @@
     python benchmarks/quality.py calibrated [--limit 200] [--json]
     python benchmarks/quality.py shipped [--limit 200] [--head candidate.safetensors] [--json]
     python benchmarks/quality.py readers [--limit 200] [--shots 10] [--json]
-    python benchmarks/quality.py unseen [--limit 200] [--train-limit 200] [--sparrow] [--json]
+    python benchmarks/quality.py unseen [--limit 200] [--train-limit 200] [--sparrow] [--model PATH] [--json]
 
 Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
 temperatures on dev splits (``clef-guard calibrate``'s code) and is scored on test
@@ -43,7 +43,10 @@ when serving, so a rerun only pays for what is new.
   with 5 listed intents) is left out of one head's training (``--train-limit`` train rows
   of every other task, the shipped recipe; temperatures on half as many dev rows of each) and that
   head is scored on the family's test rows, beside the backbone alone, the shipped head
-  (which saw the first six families) and, with ``--sparrow``, sparrow-decider.
+  (which saw the first six families), a head trained the same way on every family (what a
+  family reads once seen) and, with ``--sparrow``, sparrow-decider. ``--model`` runs the
+  suite on another backbone (a path or hub id), the recipe unchanged: two backbones at
+  equal recipe, without the shipped head (it reads the embedded backbone only).
 
 In every suite, heads are scored as the engine serves them: their logits multiplied by how
 familiar each question is to them (:mod:`clef_guard.engine.novelty`; ``unseen`` also shows

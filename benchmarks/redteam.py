@@ -286,7 +286,7 @@ def main() -> None:
     report = run(Guard(policies, engine=engine, human_review=True), variants, "red team", same_line=args.same_line)
     if args.baseline:
         engine.clear_prefix_cache()  # the baseline reads every state afresh, as the first run did
-        one_reading = [p.with_state(check_without_results=False, check_without_prose=False) for p in policies]
+        one_reading = [p.without_trusted_reading() for p in policies]
         report["baseline"] = run(Guard(one_reading, engine=engine, human_review=True), variants, "baseline", same_line=args.same_line)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))

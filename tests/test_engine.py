@@ -169,7 +169,7 @@ def test_reading_ahead_changes_no_answer_and_leaves_the_gate_its_own_step(
 ) -> None:
     # a window of 6 messages: it slides every turn; one reading (with the results), so the
     # cached tokens are the read-ahead's alone
-    policies = [p.with_state(check_without_results=False, check_without_prose=False) for p in load_policies("outbound-communication")]
+    policies = [p.without_trusted_reading() for p in load_policies("outbound-communication")]
     conversation = _conversation(5)
     call = {"name": "send_email", "args": {"to": "team@example.com", "body": "Staging is clean."}, "id": "call_9"}
     state = {"messages": [*conversation, AIMessage("", tool_calls=[call])]}

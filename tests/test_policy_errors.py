@@ -151,6 +151,7 @@ def test_a_state_change_is_validated_like_the_file() -> None:
     policy = load_policy("destructive-actions")
     assert policy.with_state(check_without_results=False).state.check_without_results is False
     assert policy.state.check_without_results is True  # a copy: the loaded policy is unchanged
+    assert policy.state.checks_trusted and not policy.without_trusted_reading().state.checks_trusted
     with pytest.raises(PolicyError, match="destructive-actions") as raised:
         policy.with_state(messages=-1)
     assert raised.value.field == "state"

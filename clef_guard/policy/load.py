@@ -150,6 +150,12 @@ class Policy:
             raise PolicyError(f"policy {self.name!r}: invalid state change {changes!r}: {exc}", field="state") from exc
         return replace(self, state=state)
 
+    def without_trusted_reading(self) -> Policy:
+        """A copy that reads each call once, as it is: no second reading without earlier results
+        and prose (``state.check_without_results`` and ``check_without_prose`` off). Faster, and
+        open to what the red team's injections do through those (SECURITY.md)."""
+        return self.with_state(check_without_results=False, check_without_prose=False)
+
 
 def builtin_policies() -> list[str]:
     """The names of the built-in policies, each loadable by name (``load_policy("destructive-actions")``)."""
