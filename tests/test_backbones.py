@@ -1,8 +1,10 @@
-"""Backbones other than the embedded one: local attention layers, and layers the engine cannot read.
+"""Backbones other than the embedded one: the families people bring, local attention layers
+included, and layers the engine cannot read.
 
 The models are tiny and randomly initialised (built from transformers' own configs, with
 the embedded tokenizer), which is all these tests need: whatever the weights, the engine
-must compute what the model itself computes on the same tokens.
+(prefix cache, cut-back prefixes, tree masks) must compute what the model itself computes
+on the same tokens.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ QUESTIONS = parse_questions({"q": Noul(instructions="Does the agent delete anyth
 LONG = " ".join(f"row {i}: invoices for region {i % 7} were archived." for i in range(40))
 
 
-def _save(config: Any, model_class: Any, directory: Path) -> str:
-    torch.manual_seed(0)
+def _save(model: Any, directory: Path) -> str:
+    """``model`` with the embedded tokenizer (its vocabulary cut to the model's), saved as a model folder."""
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
-    config.vocab_size = len(tokenizer)
-    model_class(config).save_pretrained(directory)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
 
@@ -47,22 +49,35 @@ def _small(**extra: Any) -> dict[str, Any]:
     )
 
 
-@pytest.fixture(scope="module")
-def gemma_like(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Local and global layers alternating, as in Gemma 2 and 3."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+def _build(name: str) -> Any:
+    """A tiny model of a family people bring, randomly initialised."""
+    import transformers as t
 
-    kinds = ["sliding_attention", "full_attention"] * 2
-    config = Gemma3TextConfig(**_small(sliding_window=WINDOW, layer_types=kinds))
-    return _save(config, Gemma3ForCausalLM, tmp_path_factory.mktemp("gemma-like"))
+    local = dict(sliding_window=WINDOW)
+    alternating = ["sliding_attention", "full_attention"] * 2  # Gemma 2 and 3
+    return {
+        "llama": lambda: t.LlamaForCausalLM(t.LlamaConfig(**_small())),
+        "qwen3": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**_small())),
+        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=4096)),
+        "gemma3": lambda: t.Gemma3ForCausalLM(t.Gemma3TextConfig(**_small(**local, layer_types=alternating))),
+        "qwen2-window": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**_small(**local, use_sliding_window=True, max_window_layers=2))),
+        # Every layer local and no layer types in the config (Mistral 7B v0.1, Phi-3).
+        "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**_small(**local))),
+        "phi3": lambda: t.Phi3ForCausalLM(t.Phi3Config(**_small(**local, pad_token_id=0))),
+    }[name]()
 
 
-@pytest.fixture(scope="module")
-def mistral_like(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Every layer local, as in Mistral 7B v0.1."""
-    from transformers import MistralConfig, MistralForCausalLM
+ATTENTION = {  # (sliding window, local and global layers mixed) the engine must find in each
+    "llama": (None, False), "qwen3": (None, False), "gpt2": (None, False),
+    "gemma3": (WINDOW, True), "qwen2-window": (WINDOW, True), "mistral": (WINDOW, False), "phi3": (WINDOW, False),
+}
 
-    return _save(MistralConfig(**_small(sliding_window=WINDOW)), MistralForCausalLM, tmp_path_factory.mktemp("mistral-like"))
+
+@pytest.fixture(scope="module", params=list(ATTENTION))
+def architecture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """``(name, path)`` of a saved tiny model."""
+    torch.manual_seed(0)
+    return request.param, _save(_build(request.param), tmp_path_factory.mktemp(request.param))
 
 
 def _native(engine: LocalDecisionModel, state: str) -> torch.Tensor:
@@ -73,11 +88,10 @@ def _native(engine: LocalDecisionModel, state: str) -> torch.Tensor:
         return engine.backbone.decoder(input_ids=torch.tensor([tokens])).last_hidden_state[0, -1]
 
 
-@pytest.mark.parametrize("model", ["gemma_like", "mistral_like"])
-def test_local_layers_read_past_their_window_as_the_model_does(model: str, request: pytest.FixtureRequest) -> None:
-    engine = LocalDecisionModel(model=request.getfixturevalue(model), encoder=None)
-    assert engine.backbone.sliding_window == WINDOW
-    assert engine.backbone.mixed_attention is (model == "gemma_like")
+def test_the_engine_reads_as_the_model_does_past_any_window(architecture: tuple[str, str]) -> None:
+    name, path = architecture
+    engine = LocalDecisionModel(model=path, encoder=None)
+    assert (engine.backbone.sliding_window, engine.backbone.mixed_attention) == ATTENTION[name]
     # Longer and longer states that share a beginning, then one that leaves it: the
     # prefix cache is extended, then cut back, and every answer must still be the model's.
     states = [LONG, LONG + " Then the agent ran rm -rf /srv/invoices.", LONG[:300] + " Nothing else happened."]
@@ -86,14 +100,15 @@ def test_local_layers_read_past_their_window_as_the_model_does(model: str, reque
         encoded = engine.encode(state, QUESTIONS)
         torch.testing.assert_close(encoded.features[0].query, _native(engine, state), atol=1e-4, rtol=1e-4)
         cached.append(encoded.cached_tokens)
-    assert cached[0] == 0 and cached[1] > 4 * WINDOW and 0 < cached[2] < cached[1]
+    assert cached[0] == 0 and cached[1] > 10 * WINDOW and 0 < cached[2] < cached[1]
     (packed,) = engine.encode_for_training(states[1], QUESTIONS)  # one pass, no cache, the tree mask throughout
     torch.testing.assert_close(packed.query, _native(engine, states[1]), atol=1e-4, rtol=1e-4)
 
 
-def test_a_window_ignored_would_be_caught(gemma_like: str) -> None:
+def test_a_window_ignored_would_be_caught(tmp_path: Path) -> None:
     """The check above can fail: read with global attention everywhere, the answer moves."""
-    engine = LocalDecisionModel(model=gemma_like, encoder=None, prefix_cache_size=0)
+    torch.manual_seed(0)
+    engine = LocalDecisionModel(model=_save(_build("gemma3"), tmp_path), encoder=None, prefix_cache_size=0)
     engine.backbone.sliding_window = None
     (features,) = engine.encode(LONG, QUESTIONS).features
     assert (features.query - _native(engine, LONG)).abs().max() > 1e-2
@@ -102,6 +117,6 @@ def test_a_window_ignored_would_be_caught(gemma_like: str) -> None:
 def test_a_model_with_recurrent_layers_is_refused_by_name(tmp_path: Path) -> None:
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
-    path = _save(Lfm2Config(**_small(layer_types=["conv", "full_attention"] * 2)), Lfm2ForCausalLM, tmp_path)
+    path = _save(Lfm2ForCausalLM(Lfm2Config(**_small(layer_types=["conv", "full_attention"] * 2))), tmp_path)
     with pytest.raises(ModelLoadError, match=r"conv layers keep a state"):
         LocalDecisionModel(model=path, encoder=None).backbone
