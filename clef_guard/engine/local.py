@@ -215,7 +215,8 @@ class LocalDecisionModel(BaseDecisionModel):
             return 0
         prefix, _ = self._prefix_tokens(state, 0)
         with self._lock, torch.inference_mode():
-            _, cached = self._prefill(prefix)
+            kv, cached = self._reuse(prefix)
+            self._extend(kv, prefix, cached)
         return len(prefix) - cached
 
     @property
@@ -370,14 +371,23 @@ class LocalDecisionModel(BaseDecisionModel):
                     item.job.fail(exc)
 
     def _encode_one(self, item: Prepared) -> EncodedRequest:
-        """One request on top of the cached KV of its prefix."""
+        """One request on top of the cached KV of its prefix. What no cached prefix holds is
+        read in the same pass as the first branches when it fits: a pass costs tens of
+        milliseconds before its first token on a CPU (the weights stream from memory)."""
+        prefix = item.prefix
+        groups = packed(item.job.branches, lambda branch: branch.length, self.max_tree_tokens)
         try:
-            kv, cached = self._prefill(item.prefix)
+            kv, cached = self._reuse(prefix)
+            tail = prefix[cached:]
+            if not tail or len(tail) + sum(branch.length for branch in groups[0]) > self.max_tree_tokens:
+                self._extend(kv, prefix, cached)  # reads a long tail alone; caches the prefix
+                tail = ()
             features: list[OptionFeatures] = []
-            for group in packed(item.job.branches, lambda branch: branch.length, self.max_tree_tokens):
-                features.extend(self._score_branches(kv, len(item.prefix), group))
+            for group in groups:
+                features.extend(self._score_branches(kv, prefix, group, tail))
+                tail = ()
         except Exception:
-            self._prefix_cache.discard(item.prefix)
+            self._prefix_cache.discard(prefix)
             raise
         return EncodedRequest(features, item.length, cached, item.truncated)
 
@@ -459,8 +469,9 @@ class LocalDecisionModel(BaseDecisionModel):
         tail = body[len(body) - (keep - head_keep) :]
         return tuple(header + body[:head_keep] + marker + tail), len(body) - keep
 
-    def _prefill(self, prefix: tuple[int, ...]) -> tuple[Any, int]:
-        """KV cache of ``prefix``, computing only what no cached prefix shares with it."""
+    def _reuse(self, prefix: tuple[int, ...]) -> tuple[Any, int]:
+        """A KV cache holding the longest beginning of ``prefix`` that a cached prefix shares
+        (``prefix`` itself when cached; an empty cache when none shares any), and its length."""
         hit, key, cached_kv = self._prefix_cache.longest_shared(prefix)
         if hit == len(prefix) == len(key):
             return cached_kv, hit
@@ -469,29 +480,46 @@ class LocalDecisionModel(BaseDecisionModel):
 
             # No config: every layer keeps all past tokens, so a cached prefix can be cut back;
             # local layers get their window from the masks.
-            kv = DynamicCache()
-        else:
-            kv = copy.deepcopy(cached_kv)
-            if len(key) > hit:
-                kv.crop(hit - len(key))  # a negative crop removes tokens, in every transformers release
-        if hit < len(prefix):
-            self._run(prefix[hit:], kv, positions=range(hit, len(prefix)), wide=False)
-        self._prefix_cache.put(prefix, kv)
+            return DynamicCache(), 0
+        kv = copy.deepcopy(cached_kv)
+        if len(key) > hit:
+            kv.crop(hit - len(key))  # a negative crop removes tokens, in every transformers release
         return kv, hit
 
-    def _score_branches(self, kv: Any, prefix_len: int, branches: list[Branch]) -> list[OptionFeatures]:
-        """One forward pass over a tree of branches on top of the prefix's KV cache."""
-        tree = build_tree(prefix_len, branches, self._backbone.device)
+    def _extend(self, kv: Any, prefix: tuple[int, ...], cached: int) -> None:
+        """Read ``prefix`` past its first ``cached`` tokens into ``kv``, and cache it (again: an
+        entry put twice is the same entry, made the most recent)."""
+        if cached < len(prefix):
+            self._run(prefix[cached:], kv, positions=range(cached, len(prefix)), wide=False)
+        self._prefix_cache.put(prefix, kv)
+
+    def _score_branches(
+        self, kv: Any, prefix: tuple[int, ...], branches: list[Branch], tail: tuple[int, ...] = ()
+    ) -> list[OptionFeatures]:
+        """One forward pass over a tree of branches on top of the prefix's KV cache. ``tail``,
+        the prefix's last tokens when ``kv`` does not hold them yet, is read in the same pass
+        (each of its tokens sees what precedes it, never a branch) and cached with the prefix."""
+        device = self._backbone.device
+        tree = build_tree(len(prefix), branches, device)
+        start = len(prefix) - len(tail)
+        allowed = tree.allowed
+        if tail:
+            reading = torch.ones(len(tail), len(prefix) + len(tree.tokens), dtype=torch.bool, device=device)
+            reading[:, start:] = False
+            reading[:, start : len(prefix)] = torch.ones(len(tail), len(tail), dtype=torch.bool, device=device).tril()
+            allowed = torch.cat([reading, allowed])
+        positions = [*range(start, len(prefix)), *tree.positions]
         try:
             wide = any(branch.wide for branch in branches)
-            keys = [*range(prefix_len), *tree.positions]
-            mask = self._backbone.attention_mask(tree.allowed, tree.positions, keys)
-            hidden = self._run(tree.tokens, kv, positions=tree.positions, mask=mask, wide=wide)
+            mask = self._backbone.attention_mask(allowed, positions, [*range(len(prefix)), *tree.positions])
+            hidden = self._run([*tail, *tree.tokens], kv, positions=positions, mask=mask, wide=wide)
         finally:
-            extra = kv.get_seq_length() - prefix_len
-            if extra:
+            extra = kv.get_seq_length() - len(prefix)
+            if extra > 0:
                 kv.crop(-extra)  # a negative crop removes tokens, in every transformers release
-        return self._features(hidden, branches, tree)
+        if tail:
+            self._prefix_cache.put(prefix, kv)
+        return self._features(hidden.rows(len(tail), len(tree.tokens)), branches, tree)
 
     def _features(self, hidden: Hidden, branches: list[Branch], tree: Tree) -> list[OptionFeatures]:
         """Per question: the closing-token hidden state and mean log-probability of each option."""
