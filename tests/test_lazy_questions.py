@@ -116,8 +116,7 @@ def _numbers(answer: Any) -> dict[str, float]:
     return {"yes": value} if isinstance(value, float) else {str(k): float(v) for k, v in value["probabilities"].items()}
 
 
-def test_the_embedded_engine_asks_lazily_on_a_cpu_and_agrees_with_asking_everything(engine: Any) -> None:
-    assert engine.lazy_questions is True
+def test_the_embedded_engine_asked_lazily_agrees_with_asking_everything(engine: Any) -> None:
     policies = load_policies("destructive-actions", "outbound-communication")
     state = {"messages": [HumanMessage("Tidy the build folder and tell Ana at the agency the release moved to Friday.")]}
     calls = [
@@ -130,7 +129,7 @@ def test_the_embedded_engine_asks_lazily_on_a_cpu_and_agrees_with_asking_everyth
         engine.clear_prefix_cache()
         eager = Guard(policies, engine=engine, lazy=False).check(call, state)
         engine.clear_prefix_cache()
-        lazy = Guard(policies, engine=engine).check(call, state)
+        lazy = Guard(policies, engine=engine, lazy=True).check(call, state)
         assert (lazy.action, lazy.policy, lazy.rule) == (eager.action, eager.policy, eager.rule), call["name"]
         for first, second in zip(eager.decisions, lazy.decisions, strict=True):
             assert set(second.answers) <= set(first.answers)
@@ -139,4 +138,4 @@ def test_the_embedded_engine_asks_lazily_on_a_cpu_and_agrees_with_asking_everyth
         fewer = sum(map(len, (d.answers for d in lazy.decisions))) < sum(map(len, (d.answers for d in eager.decisions)))
         computed = lazy.input_tokens - lazy.cached_tokens, eager.input_tokens - eager.cached_tokens
         assert computed[0] < computed[1] if fewer else computed[0] <= computed[1] + 8, (call["name"], computed)
-    assert Guard(policies, engine=engine).check(calls[3], state).input_tokens == 0  # rm -rf /: the rules alone
+    assert Guard(policies, engine=engine, lazy=True).check(calls[3], state).input_tokens == 0  # rm -rf /: the rules alone

@@ -187,13 +187,6 @@ class LocalDecisionModel(BaseDecisionModel):
         return self._backbone
 
     @property
-    def lazy_questions(self) -> bool:
-        """Whether a caller should ask only the questions it needs, round after round (a ``Guard``
-        does by default when this is true): on a CPU, where a pass costs what its tokens do and
-        a later round reads only its questions on the cached state."""
-        return self._backbone.device.type == "cpu" and self.prefix_cache_size > 0
-
-    @property
     def decision_head(self) -> DecisionHead | None:
         """The trained decision head, or ``None`` when the backbone answers alone."""
         return self._head

@@ -192,9 +192,10 @@ class Guard:
         Ask a policy's questions only as its rules need them: rules that need no answer
         first, then its first question, then the rest the remaining rules read
         (:func:`~clef_guard.gate.rules.next_questions`); the verdict is the one all the
-        answers give. By default when the engine says so (``lazy_questions``: the
-        in-process engine on a CPU, where a pass costs what its tokens do); a hosted
-        engine or a GPU gets every question in one request.
+        answers give. Fewer tokens, more passes: off by default, since on the in-process
+        CPU engine a pass costs what about 50 tokens do and every question at once read
+        faster in the measured agent loop (docs/results.md); on for policies that ask
+        many long questions their rules seldom need.
     """
 
     def __init__(
@@ -209,7 +210,7 @@ class Guard:
         on_verdict: Sequence[Callable[[Verdict], None]] = (),
         telemetry: Telemetry | None = None,
         mode: Mode = "enforce",
-        lazy: bool | None = None,
+        lazy: bool = False,
     ) -> None:
         if mode not in ("enforce", "shadow"):
             raise ValueError(f"mode is 'enforce' or 'shadow', not {mode!r}")
@@ -402,7 +403,7 @@ class Guard:
             for run in runs:
                 escalating = {d.policy for d in self._decisions(run) if d.action == "escalate"}
                 run.escalations = self._units(run, [p for p in run.policies if p.name in escalating], escalated=True)
-        lazy: bool | None = False if escalation else self.lazy
+        lazy = self.lazy and not escalation
         while True:
             asked = []
             for run in runs:
@@ -410,8 +411,6 @@ class Guard:
                 for unit in run.escalations if escalation else run.units:
                     if unit.decision is not None:
                         continue
-                    if lazy is None:
-                        lazy = self._engine_prefers_lazy()
                     policy = unit.policy
                     if lazy:
                         wanted = next_questions(policy, unit.answers, run.call, run.context, run.flow)
@@ -462,12 +461,6 @@ class Guard:
         first = _strictest([u.decision for u in run.units if u.decision is not None])
         again = {d.policy: d for d in _strictest([u.decision for u in run.escalations if u.decision is not None])}
         return run.settled + [again.get(d.policy, d) for d in first]
-
-    def _engine_prefers_lazy(self) -> bool:
-        try:
-            return getattr(self.engine, "lazy_questions", False) is True
-        except Exception:  # the engine's own failure is reported when it is asked
-            return False
 
     def _deadline(self) -> float | None:
         return None if self.timeout_s is None else time.monotonic() + self.timeout_s
