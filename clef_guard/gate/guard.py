@@ -4,7 +4,7 @@ One check, in order:
 
 1. every policy that applies to the call (tool glob, step, ``applies_to.when``, phase);
 2. the questions of all of them, merged (identical questions asked once) into one
-   engine request per distinct state view, under a timeout; asked lazily (``Guard(lazy=)``),
+   engine request per distinct state view, under a timeout; asked lazily (``Guard(lazy=True)``),
    a policy's questions come in rounds, only as many as its rules need to decide;
 3. each policy's rules in order over its answers: the first that holds decides, else
    the policy's ``default``; an engine or rule failure gives the policy's ``on_error``;
