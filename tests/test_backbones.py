@@ -28,7 +28,7 @@ LONG = " ".join(f"row {i}: invoices for region {i % 7} were archived." for i in 
 
 
 def _save(model: Any, directory: Path) -> str:
-    """``model`` with the embedded tokenizer (its vocabulary cut to the model's), saved as a model folder."""
+    """``model``, its embeddings sized to the embedded tokenizer's vocabulary, saved with that tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
     model.resize_token_embeddings(len(tokenizer))
     model.save_pretrained(directory)

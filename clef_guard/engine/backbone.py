@@ -14,8 +14,8 @@ import inspect
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +73,14 @@ class Backbone:
         Local layers also drop keys a window or more behind their query. Mixed models take
         a mask per layer type, as transformers' own mask builders hand them over.
         """
-        full = additive_mask(allowed, self.dtype)
         if self.sliding_window is None:
-            return full
+            return additive_mask(allowed, self.dtype)
         device = allowed.device
         behind = torch.tensor(list(queries), device=device)[:, None] - torch.tensor(list(keys), device=device)[None, :]
         local = additive_mask(allowed & (behind < self.sliding_window), self.dtype)
-        return {"full_attention": full, "sliding_attention": local} if self.mixed_attention else local
+        if not self.mixed_attention:
+            return local
+        return {"full_attention": additive_mask(allowed, self.dtype), "sliding_attention": local}
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 next-token logits for ``hidden`` (rows of the decoder's last layer).
@@ -144,10 +145,9 @@ def _attention_layout(model: str, config: Any) -> tuple[int | None, bool]:
             f"cannot use model {model!r}: its {', '.join(sorted(unreadable))} layers keep a state the engine "
             "can neither cut back nor mask; pass a model built of attention layers only"
         )
-    if not kinds:  # one kind throughout: local everywhere when the config names a window (Mistral)
-        return window, False
-    if "sliding_attention" not in kinds or window is None:
+    if window is None or (kinds and "sliding_attention" not in kinds):
         return None, False
+    # No layer types: one kind throughout, local everywhere since the config names a window (Mistral).
     return int(window), len(kinds) > 1
 
 

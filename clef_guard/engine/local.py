@@ -64,6 +64,7 @@ from clef_guard.engine.tree import (
     Tree,
     build_tree,
     target_logprobs,
+    with_prefix_rows,
 )
 from clef_guard.engine.wide import OptionVectors
 from clef_guard.errors import ModelLoadError, RequestError
@@ -418,9 +419,7 @@ class LocalDecisionModel(BaseDecisionModel):
         offsets = []
         for item, tree in zip(group, trees, strict=True):
             start, prefix = len(tokens), len(item.prefix)
-            block = allowed[start : start + item.length, start : start + item.length]
-            block[:prefix, :prefix] = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()
-            block[prefix:, :] = tree.allowed
+            allowed[start : start + item.length, start : start + item.length] = with_prefix_rows(tree, 0)
             tokens += [*item.prefix, *tree.tokens]
             positions += [*range(prefix), *tree.positions]
             offsets.append(start + prefix)
@@ -492,18 +491,12 @@ class LocalDecisionModel(BaseDecisionModel):
         """One forward pass over a tree of branches on top of the prefix's KV cache. ``tail``,
         the prefix's last tokens when ``kv`` does not hold them yet, is read in the same pass
         (each of its tokens sees what precedes it, never a branch) and cached with the prefix."""
-        device = self._backbone.device
-        tree = build_tree(len(prefix), branches, device)
+        tree = build_tree(len(prefix), branches, self._backbone.device)
         start = len(prefix) - len(tail)
-        allowed = tree.allowed
-        if tail:
-            reading = torch.ones(len(tail), len(prefix) + len(tree.tokens), dtype=torch.bool, device=device)
-            reading[:, start:] = False
-            reading[:, start : len(prefix)] = torch.ones(len(tail), len(tail), dtype=torch.bool, device=device).tril()
-            allowed = torch.cat([reading, allowed])
         positions = [*range(start, len(prefix)), *tree.positions]
         try:
             wide = any(branch.wide for branch in branches)
+            allowed = with_prefix_rows(tree, start)
             mask = self._backbone.attention_mask(allowed, positions, [*range(len(prefix)), *tree.positions])
             hidden = self._run([*tail, *tree.tokens], kv, positions=positions, mask=mask, wide=wide)
         finally:

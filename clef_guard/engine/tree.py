@@ -151,6 +151,15 @@ def build_tree(prefix_len: int, branches: Sequence[Branch], device: torch.device
     return Tree(tokens, positions, allowed, spans, ends)
 
 
+def with_prefix_rows(tree: Tree, start: int) -> torch.Tensor:
+    """``tree.allowed`` below the rows of the prefix's tokens from ``start`` on, for a pass that
+    reads them too: each sees the prefix up to itself and no branch."""
+    device = tree.allowed.device
+    rows = torch.arange(start, tree.allowed.shape[1] - len(tree.tokens), device=device)[:, None]
+    cols = torch.arange(tree.allowed.shape[1], device=device)[None, :]
+    return torch.cat([cols <= rows, tree.allowed])
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean ``[rows, cols]`` attention pattern as the ``[1, 1, rows, cols]`` additive mask."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
