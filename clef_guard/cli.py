@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--request-timeout-s", type=float, default=None, help="requests not answered by then get 504")
     args = parser.parse_args(argv)
     console = Console()
-    if args.command in ("train", "calibrate", "eval"):
+    if args.command in ("train", "calibrate", "eval", "train-screen"):
         try:
             return training_cli.run(args, console)
         except ClefGuardError as exc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
-from langchain_core.decisions import BaseDecisionModel, ClassifierResponse
+from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, NoulAnswer
 
 from clef_guard.errors import EngineTimeoutError, PolicyError
 from clef_guard.gate.rules import (
@@ -133,6 +133,8 @@ class _Unit:
     """The answers so far, by the policy's question ids."""
     familiarity: dict[str, float] = field(default_factory=dict)
     """How familiar each answered question was to the engine's head, where the engine says."""
+    flagged: tuple[int, int] | None = None
+    """The characters of the result a screen found most suspicious (the decision's ``span``)."""
     decision: PolicyDecision | None = None
 
 
@@ -409,13 +411,12 @@ class Guard:
             for run in runs:
                 groups: dict[str, _Group] = {}
                 for unit in run.escalations if escalation else run.units:
+                    wanted = self._wanted(run, unit, lazy=lazy)
+                    while unit.decision is None and (screened := [qid for qid in wanted if qid in unit.policy.screens]):
+                        self._screen(run, unit, screened)  # answered here: ask what the rules need next
+                        wanted = self._wanted(run, unit, lazy=lazy)
                     if unit.decision is not None:
                         continue
-                    policy = unit.policy
-                    if lazy:
-                        wanted = next_questions(policy, unit.answers, run.call, run.context, run.flow)
-                    else:
-                        wanted = tuple(qid for qid in policy.questions if qid not in unit.answers)
                     if wanted:
                         groups.setdefault(unit.view, _Group(unit.state)).add(unit, wanted)
                     else:
@@ -449,12 +450,44 @@ class Guard:
             calibrated = unit.policy.name in self._calibrated
             unit.decision = failed_decision(unit.policy, error, answers=unit.answers, calibrated=calibrated, escalated=unit.escalated)
 
+    @staticmethod
+    def _wanted(run: _Check, unit: _Unit, *, lazy: bool) -> tuple[str, ...]:
+        """The questions ``unit`` needs answered next: what its rules need (lazy), or all not yet answered."""
+        if unit.decision is not None:
+            return ()
+        if lazy:
+            return tuple(next_questions(unit.policy, unit.answers, run.call, run.context, run.flow))
+        return tuple(qid for qid in unit.policy.questions if qid not in unit.answers)
+
+    def _screen(self, run: _Check, unit: _Unit, questions: Sequence[str]) -> None:
+        """Answer ``questions`` of ``unit`` with their screens, in this process (:mod:`clef_guard.engine.screen`),
+        on the part of the result it reads; a screen that fails (or cannot load) fails the unit closed."""
+        from clef_guard.engine.screen import load_screen
+
+        result = run.call.get("result")
+        text = "" if result is None else result if isinstance(result, str) else json.dumps(result, default=str)
+        start, end = unit.span or (0, len(text))
+        for qid in questions:
+            name = unit.policy.screens[qid]
+            try:
+                reading = load_screen(name).read(text[start:end])
+            except Exception as exc:  # fail closed: on_error decides
+                run.errors.append(exc)
+                unit.decision = failed_decision(
+                    unit.policy, f"screen {name!r} failed: {_describe(exc)}", answers=unit.answers,
+                    calibrated=unit.policy.name in self._calibrated, escalated=unit.escalated,
+                )
+                return
+            unit.answers[qid] = NoulAnswer(type="noul", noul=reading.probability)
+            if reading.span is not None:
+                unit.flagged = (start + reading.span[0], start + reading.span[1])
+
     def _evaluate(self, run: _Check, unit: _Unit) -> PolicyDecision:
         decision = evaluate_rules(
             unit.policy, unit.answers, run.call, run.context, flow=run.flow,
             calibrated=unit.policy.name in self._calibrated, escalated=unit.escalated,
         )
-        return replace(decision, span=unit.span, trusted_reading=unit.trusted_reading)
+        return replace(decision, span=unit.flagged or unit.span, trusted_reading=unit.trusted_reading)
 
     def _decisions(self, run: _Check) -> list[PolicyDecision]:
         """One decision per policy: the engine's (escalated where the escalation engine answered), then the settled."""

@@ -44,6 +44,7 @@ from langchain_core.decisions import Choice, Noul, Score
 from pydantic import ValidationError
 
 from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.screen import SCREENS
 from clef_guard.errors import PolicyError, RequestError
 from clef_guard.policy.locate import Locator, compose, validation_error
 from clef_guard.policy.schema import AppliesTo, LabelRule, PolicyFile, StateView
@@ -105,6 +106,8 @@ class Policy:
     mode: str = "enforce"
     """``enforce``, or ``shadow``: decided and audited, never blocking."""
     labels: tuple[CompiledLabel, ...] = ()
+    screens: dict[str, str] = field(default_factory=dict)
+    """Questions a screen answers in the gate's process (question id -> screen name), not the engine."""
     _applies_program: Any = field(default=None, repr=False)
 
     def matches(
@@ -149,6 +152,10 @@ class Policy:
         except ValidationError as exc:
             raise PolicyError(f"policy {self.name!r}: invalid state change {changes!r}: {exc}", field="state") from exc
         return replace(self, state=state)
+
+    def without_screens(self) -> Policy:
+        """A copy whose every question goes to the engine (to compare an engine's reading with a screen's)."""
+        return replace(self, screens={})
 
     def without_trusted_reading(self) -> Policy:
         """A copy that reads each call once, as it is: no second reading without earlier results
@@ -214,6 +221,15 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
     except RequestError as exc:
         path = ["questions", exc.question or "", *(exc.field or "").split(".")]
         raise where.error(str(exc).split(": ", 1)[-1], path) from None
+    for qid, screen in spec.screens.items():
+        if not isinstance(spec.questions.get(qid), Noul):
+            raise where.error(f"screens names {qid!r}, which is not a noul question of this policy", ["screens", qid],
+                              hint="a screen answers a yes/no (noul) question the policy defines")
+        if screen not in SCREENS:
+            raise where.error(f"no screen named {screen!r}", ["screens", qid], hint=f"known screens: {sorted(SCREENS)}")
+        if spec.applies_to.phase != "after_tool" or not spec.state.tool_result:
+            raise where.error("a screen reads the tool result: the policy needs applies_to.phase: after_tool and "
+                              "state.tool_result: true", ["screens", qid])
     applies_program = None
     if spec.applies_to.when is not None:
         if found := re.search(r"\b(answers|thresholds)\b", spec.applies_to.when):
@@ -250,6 +266,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         source=source,
         mode=spec.mode,
         labels=labels,
+        screens=dict(spec.screens),
         _applies_program=applies_program,
     )
 

@@ -122,6 +122,9 @@ class PolicyFile(_Strict):
     state: StateView = Field(default_factory=StateView)
     questions: dict[str, PolicyQuestion] = Field(default_factory=dict)
     """No questions: the rules decide alone, and the engine is never asked."""
+    screens: dict[str, str] = Field(default_factory=dict)
+    """Yes/no questions a screen answers in the gate's process instead of the engine: question id ->
+    screen name (:data:`clef_guard.engine.screen.SCREENS`); the screen reads the tool result line by line."""
     thresholds: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=dict)
     rules: list[Rule] = Field(default_factory=list)
     labels: list[LabelRule] = Field(default_factory=list)

@@ -1,4 +1,4 @@
-"""The ``train``, ``calibrate`` and ``eval`` commands (progress bars, tables, ``--json``)."""
+"""The ``train``, ``calibrate``, ``eval`` and ``train-screen`` commands (progress bars, tables, ``--json``)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
 from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.screen import Screen
 from clef_guard.engine.tree import OptionFeatures
 from clef_guard.errors import ClefGuardError
 from clef_guard.policy.load import load_policies
@@ -51,10 +52,12 @@ from clef_guard.training.features import (
 )
 from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head, trained_questions
 from clef_guard.training.lora import AdapterConfig, train_adapter
+from clef_guard.training.injection_lines import injection_lines
+from clef_guard.training.screen import ScreenConfig, dev_thresholds, train_screen
 
 
 def add_commands(commands: Any) -> None:
-    """Add ``train``, ``calibrate`` and ``eval`` to the ``clef-guard`` subcommands."""
+    """Add ``train``, ``calibrate``, ``eval`` and ``train-screen`` to the ``clef-guard`` subcommands."""
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--model", default=None, help="backbone (default: the embedded model)")
     engine.add_argument("--adapter", default=None, help="peft adapter folder")
@@ -137,6 +140,11 @@ def add_commands(commands: Any) -> None:
         help="fit a threshold at which a yes lets a call through (a 'requested' question): the lowest P(yes) whose "
         "'no' rows it lets through (unsafe allows) stay under TARGET with --confidence",
     )
+    screen = commands.add_parser("train-screen", help="train the prompt-injection screen (LoRA on the sentence encoder, per line)")
+    screen.add_argument("--out", type=Path, required=True, help="screen file to write (.safetensors)")
+    screen.add_argument("--epochs", type=int, default=ScreenConfig.epochs)
+    screen.add_argument("--seed", type=int, default=ScreenConfig.seed)
+    screen.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
     evaluate.add_argument("--task", action="append", default=[], help="a task from the shared datasets (one)")
     evaluate.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels} (repeat)")
@@ -149,8 +157,8 @@ def add_commands(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """Dispatch one of the three commands."""
-    return {"train": _train, "calibrate": _calibrate, "eval": _eval}[args.command](args, console)
+    """Dispatch one of the four commands."""
+    return {"train": _train, "calibrate": _calibrate, "eval": _eval, "train-screen": _train_screen}[args.command](args, console)
 
 
 @contextmanager
@@ -237,6 +245,24 @@ def _labeled(args: argparse.Namespace, engine: LocalDecisionModel, console: Cons
     return _Labeled(
         [e.question for e in examples] + [q for q, _ in read], features + [f for _, f in read], examples
     )
+
+
+def _train_screen(args: argparse.Namespace, console: Console) -> int:
+    started = time.perf_counter()
+    rows = injection_lines(args.seed)
+    with _progress(console, args.json) as progress:
+        bar = progress.add_task("training the screen", total=None)
+        losses = train_screen(rows, args.out, ScreenConfig(epochs=args.epochs, seed=args.seed),
+                              on_step=lambda done, total: progress.update(bar, completed=done, total=total))
+    report = {"out": str(args.out), "rows": len(rows), "positives": sum(y for _, y in rows), "losses": losses,
+              "seconds": round(time.perf_counter() - started, 1), "dev": dev_thresholds(Screen(args.out))}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        dev = report["dev"]
+        console.print(f"wrote {args.out}: {report['rows']} lines ({report['positives']} attacks), losses {losses}, {report['seconds']} s; "
+                      f"on the dev split, P > {dev['stop']:.3f} stops {dev['false_alarms']:.1%} of clean results and {dev['recall']:.1%} of injected ones")
+    return 0
 
 
 def _train(args: argparse.Namespace, console: Console) -> int:

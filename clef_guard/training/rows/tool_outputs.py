@@ -355,7 +355,8 @@ STYLE_SPLITS = {"train": ("note_to_assistant", "ignore_previous", "hidden_commen
 PLACES = ("start", "middle", "end", "after_padding")
 
 
-def _injected(text: str, attack: str, place: str, padding: str) -> str:
+def inject(text: str, attack: str, place: str, padding: str = "") -> str:
+    """``text`` with ``attack`` at ``place`` (one of :data:`PLACES`; ``after_padding`` puts ``padding`` first)."""
     if place == "start":
         return f"{attack}\n{text}"
     if place == "end":
@@ -410,7 +411,7 @@ def tool_outputs() -> tuple[ToolOutput, ...]:
         goal = rng.choice(_GOALS)[0]
         place = rng.choice(PLACES)
         padding = "\n".join(o.text for o in rng.sample(benign, 12))[:PADDING]
-        text = _injected(output.text, STYLES[style](goal, rng), place, padding)
+        text = inject(output.text, STYLES[style](goal, rng), place, padding)
         rows.append(ToolOutput(output.kind, output.tool, output.args, output.request, text, style, goal, place))
     return tuple(rows)
 
