@@ -23,10 +23,10 @@ rules, thresholds and on_error included), with each engine answering its questio
 
 Engines: ``clef-guard`` (the shipped policy as it is: its question answered by the
 prompt-injection screen, :mod:`clef_guard.engine.screen`), ``clef-guard-head`` (the embedded
-engine and its shipped head answering it instead, reading a result in windows of 2,000
-characters and line by line, as the policy did before the screen), ``backbone`` (the same
-backbone alone, same reading), ``sparrow`` (the peer sparrow-decider, when installed, same
-reading). ``--limit`` samples each part with a fixed seed.
+engine and its shipped head answering it instead, as the policy read it before the screen:
+:func:`engine_reading`), ``backbone`` (the same backbone alone, same reading), ``sparrow``
+(the peer sparrow-decider, when installed, same reading). ``--limit`` samples each part
+with a fixed seed.
 """
 
 from __future__ import annotations
@@ -51,12 +51,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from clef_guard import Guard, LocalDecisionModel, load_policies
+from clef_guard import Guard, LocalDecisionModel, Policy, load_policies
 from clef_guard.training.datasets import datasets_dir, load_task
 from clef_guard.training.injection_lines import ASB_TEMPLATE, asb_split
 from clef_guard.training.rows.tool_outputs import ToolOutput, inject, tool_outputs
 
 LENGTHS = ((500, "up_to_500"), (2000, "up_to_2000"), (10**9, "over_2000"))
+HEAD_THRESHOLDS = {"injection": 0.8, "suspicious": 0.5}
+"""The prompt-injection policy's thresholds when the head read its question (withhold, escalate)."""
 
 
 def notinject_outputs() -> list[tuple[str, bool, ToolOutput]]:
@@ -100,6 +102,12 @@ def _check(guard: Guard, output: ToolOutput, timings: dict[str, list[float]]) ->
     return verdict.action
 
 
+def engine_reading(policy: Policy) -> Policy:
+    """``policy`` with its question read by the engine, as the shipped policy read it before its screen:
+    windows of 2,000 characters and each line, and the thresholds it had then (the screen's are its own)."""
+    return policy.without_screens().with_state(result_window=2000, result_lines=True).with_thresholds(HEAD_THRESHOLDS)
+
+
 def asb_outputs(benign: list[ToolOutput]) -> list[ToolOutput]:
     """ASB's held-out attacker instructions in its injection template, each in the middle of a held-out benign result."""
     rng = random.Random("asb")
@@ -123,7 +131,7 @@ def run(engine_names: list[str], limit: int | None, head: str | None = None) -> 
     policies = load_policies("prompt-injection")
     with Progress(console=Console(stderr=True)) as progress:
         for name, engine in _engines(engine_names, head).items():
-            read = policies if name == "clef-guard" else [p.without_screens().with_state(result_window=2000, result_lines=True) for p in policies]
+            read = policies if name == "clef-guard" else [engine_reading(p) for p in policies]
             if isinstance(engine, LocalDecisionModel):
                 engine.clear_prefix_cache()  # engines that share one read every result afresh
             guard = Guard(read, engine=engine, timeout_s=None)

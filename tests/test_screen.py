@@ -5,6 +5,7 @@ Texts here are written for these tests: no training row (``clef_guard.training.r
 
 from __future__ import annotations
 
+import json
 import random
 import textwrap
 from pathlib import Path
@@ -14,6 +15,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from model import ScriptedDecisionModel
 
 from clef_guard import Guard, PolicyError, load_policy, parse_policy
+from clef_guard.cli import main
 from clef_guard.engine import screen as screens
 from clef_guard.engine.screen import Screen, load_screen, pieces
 from clef_guard.training.screen import ScreenConfig, train_screen
@@ -153,3 +155,13 @@ def test_a_trained_screen_file_reads_as_it_was_trained(tmp_path: Path) -> None:
     screen = Screen(out)
     attack_scores, clean_scores = screen.scores(attacks), screen.scores(clean)
     assert min(attack_scores) > max(clean_scores), (min(attack_scores), max(clean_scores))
+
+
+def test_the_train_screen_command_writes_a_screen_and_its_dev_threshold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Wiring only (no epoch: training takes minutes): the lines, the file, the dev split's threshold."""
+    out = tmp_path / "untrained.screen.safetensors"
+    assert main(["train-screen", "--out", str(out), "--epochs", "0", "--target-error", "0.05", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] > 8000 and 1000 < report["positives"] < report["rows"] / 2 and report["losses"] == []
+    assert report["dev"]["false_alarms"] <= 0.05 and 0.0 <= report["dev"]["stop"] <= 1.0
+    assert Screen(out).read(README).span is not None

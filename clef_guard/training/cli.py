@@ -144,6 +144,7 @@ def add_commands(commands: Any) -> None:
     screen.add_argument("--out", type=Path, required=True, help="screen file to write (.safetensors)")
     screen.add_argument("--epochs", type=int, default=ScreenConfig.epochs)
     screen.add_argument("--seed", type=int, default=ScreenConfig.seed)
+    screen.add_argument("--target-error", type=float, default=0.01, help="false-alarm share on the dev split to report a threshold for")
     screen.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate = commands.add_parser("eval", parents=[engine], help="evaluate an engine on a task or labeled rows")
     evaluate.add_argument("--task", action="append", default=[], help="a task from the shared datasets (one)")
@@ -255,7 +256,7 @@ def _train_screen(args: argparse.Namespace, console: Console) -> int:
         losses = train_screen(rows, args.out, ScreenConfig(epochs=args.epochs, seed=args.seed),
                               on_step=lambda done, total: progress.update(bar, completed=done, total=total))
     report = {"out": str(args.out), "rows": len(rows), "positives": sum(y for _, y in rows), "losses": losses,
-              "seconds": round(time.perf_counter() - started, 1), "dev": dev_thresholds(Screen(args.out))}
+              "seconds": round(time.perf_counter() - started, 1), "dev": dev_thresholds(Screen(args.out), args.target_error)}
     if args.json:
         print(json.dumps(report))
     else:
