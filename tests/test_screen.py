@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import random
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
@@ -165,3 +167,20 @@ def test_the_train_screen_command_writes_a_screen_and_its_dev_threshold(tmp_path
     assert report["rows"] > 8000 and 1000 < report["positives"] < report["rows"] / 2 and report["losses"] == []
     assert report["dev"]["false_alarms"] <= 0.05 and 0.0 <= report["dev"]["stop"] <= 1.0
     assert Screen(out).read(README).span is not None
+
+
+async def test_an_async_check_screens_off_the_event_loop_with_the_same_verdict(guard: Guard, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real screen reads (observed, not replaced) in a worker thread, and decides as the synchronous check does."""
+    injected_text = README.replace("## Install", f"{ATTACK}\n## Install")
+    screened_on: list[int] = []
+    original = Screen.read
+
+    def observed(self: Screen, text: str) -> Any:
+        screened_on.append(threading.get_ident())
+        return original(self, text)
+
+    monkeypatch.setattr(Screen, "read", observed)
+    asynchronous = await guard.acheck(CALL, STATE, phase="after_tool", tool_result=injected_text)
+    synchronous = guard.check(CALL, STATE, phase="after_tool", tool_result=injected_text)
+    assert (asynchronous.action, asynchronous.rule, asynchronous.decisions[0].span) == (synchronous.action, synchronous.rule, synchronous.decisions[0].span)
+    assert len(screened_on) == 2 and screened_on[0] != threading.get_ident() == screened_on[1], "async: a worker thread; sync: this one"

@@ -336,12 +336,13 @@ class Guard:
     ) -> list[Verdict]:
         """Async twin of :meth:`check_many`."""
         runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
+        offload = any(policy.screens for run in runs for policy in run.policies)
         for escalation in (False, True):
             rounds = self._rounds(runs, escalation=escalation)
             deadline = self._deadline()
-            groups = next(rounds, None)
+            groups = await _step(offload, next, rounds, None)
             while groups is not None:
-                groups = _send(rounds, await self._aask(groups, escalation=escalation, deadline=deadline))
+                groups = await _step(offload, _send, rounds, await self._aask(groups, escalation=escalation, deadline=deadline))
         return self._publish(runs, [self._verdict(run, self._decisions(run)) for run in runs])
 
     def _begin(self, tool_call: Mapping[str, Any], state: Any, options: CheckOptions) -> _Check:
@@ -664,6 +665,12 @@ def _read_ahead(prefill: Callable[[Any], int], states: list[dict[str, Any]]) -> 
             prefill(state)
         except Exception:  # only a speed-up: the check that follows reads the state itself, and reports
             _log.debug("reading ahead failed", exc_info=True)
+
+
+async def _step(offload: bool, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``, a step of the rounds; in a worker thread when it may run a screen (a model
+    pass of tens to hundreds of milliseconds), so that the event loop keeps serving meanwhile."""
+    return await asyncio.to_thread(function, *args) if offload else function(*args)
 
 
 def _send(rounds: Generator[list[_Group], list[_Reply], None], replies: list[_Reply]) -> list[_Group] | None:
