@@ -44,7 +44,7 @@ default-head: $(STAMP)
 	cp build/default-head/decision_head.replay.safetensors clef_guard/heads/default.replay.safetensors
 
 # Retrain the prompt-injection screen (clef_guard/heads/prompt-injection.screen.safetensors) from train
-# splits only (clef_guard/training/injection_lines.py); about 9 minutes on a 2-core CPU.
+# splits only (clef_guard/training/injection_lines.py); about 11 minutes on a 2-core CPU.
 injection-screen: $(STAMP)
 	$(VENV)/bin/clef-guard train-screen --out clef_guard/heads/prompt-injection.screen.safetensors
 

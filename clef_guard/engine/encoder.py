@@ -78,6 +78,12 @@ def embedded_encoder_path() -> Path | None:
     return target
 
 
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, width]``: the mean of each text's last-layer vectors over its real tokens (not the padding)."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1)
+
+
 class Encoder:
     """A sentence encoder and the option vectors of the questions it has read (an LRU)."""
 
@@ -102,9 +108,8 @@ class Encoder:
                 tokens = self.tokenizer(
                     list(texts[start : start + batch]), padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
                 ).to(self.device)
-                hidden = self.model(**tokens).last_hidden_state
-                mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                vectors.append(torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1))
+                pooled = mean_pool(self.model(**tokens).last_hidden_state, tokens["attention_mask"])
+                vectors.append(torch.nn.functional.normalize(pooled, dim=-1))
         return torch.cat(vectors)
 
     def option_vectors(self, question: ParsedQuestion) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

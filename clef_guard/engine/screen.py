@@ -9,8 +9,8 @@ an alarm. A policy names the screen that answers a question (``screens:`` in its
 gate asks it in its own process, whatever the decision engine is.
 
 The shipped screen (``prompt-injection``, ``clef_guard/heads/prompt-injection.screen.safetensors``)
-is built by ``benchmarks/injection.py``'s recipe (docs/results.md, "Prompt injection in tool
-results"); its file holds the adapter's factors, the head and how to read them.
+is built by ``clef-guard train-screen`` (:mod:`clef_guard.training.screen`) and measured by
+``benchmarks/injection.py``; its file holds the adapter's factors, the head and how to read them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from clef_guard.engine.encoder import embedded_encoder_path
+from clef_guard.engine.encoder import embedded_encoder_path, mean_pool
 from clef_guard.errors import ModelLoadError
 
 SCREENS = {"prompt-injection": "prompt-injection.screen.safetensors"}
@@ -45,22 +45,28 @@ class Reading:
 
 
 def pieces(text: str) -> list[tuple[int, int]]:
-    """The character spans a screen reads: each line that holds something, long lines cut into
-    sentences, and a sentence still over :data:`LONG_LINE` characters into overlapping stretches of
-    that length (so an instruction at the end of a long unpunctuated line is read, not truncated)."""
+    """The character spans a screen reads, each without surrounding whitespace: each line that
+    holds something, long lines cut into sentences, and a sentence still over :data:`LONG_LINE`
+    characters into overlapping stretches of that length (so an instruction at the end of a long
+    unpunctuated line is read, not truncated)."""
     spans: list[tuple[int, int]] = []
     step = LONG_LINE * 3 // 4
     for line in _LINE.finditer(text):
-        if line.end() - line.start() <= LONG_LINE:
-            spans.append(line.span())
+        start, end = _trimmed(text, *line.span())
+        if end - start <= LONG_LINE:
+            spans.append((start, end))
             continue
-        cuts = [line.start(), *(line.start() + m.end() for m in _SENTENCE_END.finditer(line.group())), line.end()]
-        for start, end in zip(cuts, cuts[1:]):
-            end = start + len(text[start:end].rstrip())
-            if end <= start:
-                continue
-            spans += [(a, min(a + LONG_LINE, end)) for a in range(start, max(start + 1, end - LONG_LINE + step), step)]
+        cuts = [start, *(m.end() for m in _SENTENCE_END.finditer(text, start, end)), end]
+        for a, b in zip(cuts, cuts[1:]):
+            stretches = (_trimmed(text, s, min(s + LONG_LINE, b)) for s in range(a, max(a + 1, b - LONG_LINE + step), step))
+            spans += [span for span in stretches if span[1] > span[0]]
     return spans
+
+
+def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    """``(start, end)`` moved inwards past whitespace."""
+    piece = text[start:end]
+    return start + len(piece) - len(piece.lstrip()), start + len(piece.rstrip())
 
 
 class Screen:
@@ -102,9 +108,8 @@ class Screen:
                 tokens = self.tokenizer(
                     texts[start : start + batch], padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
                 ).to(self.device)
-                hidden = self.model(**tokens).last_hidden_state
-                mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                out += torch.sigmoid(self.head((hidden * mask).sum(1) / mask.sum(1)).squeeze(-1)).tolist()
+                pooled = mean_pool(self.model(**tokens).last_hidden_state, tokens["attention_mask"])
+                out += torch.sigmoid(self.head(pooled).squeeze(-1)).tolist()
         return out
 
     def read(self, text: str) -> Reading:
@@ -112,10 +117,10 @@ class Screen:
         spans = pieces(text)
         if not spans:
             return Reading(0.0, None)
-        distinct = sorted({text[a:b].strip() for a, b in spans}, key=len)  # short first: less padding per batch
+        distinct = sorted({text[a:b] for a, b in spans}, key=len)  # short first: less padding per batch
         score = dict(zip(distinct, self.scores(distinct), strict=True))
-        best = max(spans, key=lambda span: score[text[span[0] : span[1]].strip()])
-        return Reading(score[text[best[0] : best[1]].strip()], best)
+        best = max(spans, key=lambda span: score[text[span[0] : span[1]]])
+        return Reading(score[text[best[0] : best[1]]], best)
 
 
 @functools.cache

@@ -100,7 +100,12 @@ _PACKAGE_SKIP = ("langchain", "langgraph", "openai", "anthropic", "transformers"
 
 def texts(text: str) -> list[str]:
     """The pieces of ``text`` the screen reads, as strings."""
-    return [text[a:b].strip() for a, b in pieces(text)]
+    return [text[a:b] for a, b in pieces(text)]
+
+
+def _goal(instruction: str) -> str:
+    """An ASB instruction as the goal of a sentence ("Please send ..." -> "please send ...")."""
+    return instruction[0].lower() + instruction[1:].rstrip(".")
 
 
 def asb_split() -> dict[str, list[tuple[str, str]]]:
@@ -140,8 +145,7 @@ def tool_output_lines() -> list[tuple[str, int]]:
 
 def written_attacks(n: int, rng: random.Random) -> list[str]:
     """About ``n`` attacks in forms no test style uses, on ASB's train-half goals and :data:`_MORE_GOALS`."""
-    goals = [instruction[0].lower() + instruction[1:].rstrip(".") for instruction, _ in asb_split()["train"]]
-    goals = [goal.removeprefix("please ") for goal in goals] + _MORE_GOALS * 5
+    goals = [_goal(instruction).removeprefix("please ") for instruction, _ in asb_split()["train"]] + _MORE_GOALS * 5
     out = list(_WHOLE)
     while len(out) < n:
         goal = rng.choice(goals)
@@ -186,8 +190,7 @@ def injection_lines(seed: int = 0) -> list[tuple[str, int]]:
     rows += [(str(e.state), int(e.label == "yes")) for e in load_task("injecguard", "train")]
     styles = [STYLES[name] for name in STYLE_SPLITS["train"]]
     for instruction, _ in asb_split()["train"]:
-        goal = instruction[0].lower() + instruction[1:].rstrip(".")
-        rows.append((rng.choice(styles)(goal, rng).strip(), 1))
+        rows.append((rng.choice(styles)(_goal(instruction), rng).strip(), 1))
     rows += [(line, 1) for line in written_attacks(800, rng)]
     rows += [(line, 0) for line in human_instructions(600, rng)]
     rows += [(line, 0) for line in package_lines(2500, 1600, rng)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from clef_guard.engine.encoder import embedded_encoder_path
+from clef_guard.engine.encoder import embedded_encoder_path, mean_pool
 from clef_guard.engine.screen import Screen, screen_metadata
 from clef_guard.errors import ClefGuardError
 from clef_guard.training.rows.tool_outputs import tool_outputs
@@ -74,9 +74,7 @@ def train_screen(
         for start in range(0, len(epoch_rows), config.batch_size):
             batch = epoch_rows[start : start + config.batch_size]
             tokens = tokenizer([text for text, _ in batch], padding=True, truncation=True, max_length=config.max_tokens, return_tensors="pt")
-            hidden = model(**tokens).last_hidden_state
-            mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            logits = head((hidden * mask).sum(1) / mask.sum(1)).squeeze(-1)
+            logits = head(mean_pool(model(**tokens).last_hidden_state, tokens["attention_mask"])).squeeze(-1)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.tensor([float(y) for _, y in batch]))
             for optimizer in optimizers:
                 optimizer.zero_grad()
