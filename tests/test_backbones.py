@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 from langchain_core.decisions import Noul
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, LlamaConfig
 
 from clef_guard import LocalDecisionModel
-from clef_guard.engine.backbone import embedded_model_path
+from clef_guard.engine.backbone import embedded_model_path, resolve_dtype
 from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import ModelLoadError
 
@@ -120,3 +120,17 @@ def test_a_model_with_recurrent_layers_is_refused_by_name(tmp_path: Path) -> Non
     path = _save(Lfm2ForCausalLM(Lfm2Config(**_small(layer_types=["conv", "full_attention"] * 2))), tmp_path)
     with pytest.raises(ModelLoadError, match=r"conv layers keep a state"):
         LocalDecisionModel(model=path, encoder=None).backbone
+
+
+def test_a_gpu_reads_small_models_in_float32_and_large_ones_in_half_precision(tmp_path: Path) -> None:
+    """No weights are needed to choose: the count comes from the config (TinyLlama's 1.1B here)."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    LlamaConfig(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4
+    ).save_pretrained(tmp_path)
+    assert resolve_dtype(None, cuda, str(embedded_model_path())) == torch.float32
+    assert resolve_dtype(None, cuda, str(tmp_path)) in (torch.bfloat16, torch.float16)
+    assert resolve_dtype(None, cpu, str(tmp_path)) == torch.float32
+    assert resolve_dtype("bfloat16", cpu, str(tmp_path)) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="'int8' is not one of"):
+        resolve_dtype("int8", cpu, str(tmp_path))

