@@ -15,11 +15,16 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from model import ScriptedDecisionModel
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from clef_guard import Guard, PolicyError, load_policy, parse_policy
 from clef_guard.cli import main
 from clef_guard.engine import screen as screens
 from clef_guard.engine.screen import Screen, load_screen, pieces
+from clef_guard.telemetry.spans import Telemetry
 from clef_guard.training.screen import ScreenConfig, train_screen
 
 README = textwrap.dedent(
@@ -183,4 +188,36 @@ async def test_an_async_check_screens_off_the_event_loop_with_the_same_verdict(g
     asynchronous = await guard.acheck(CALL, STATE, phase="after_tool", tool_result=injected_text)
     synchronous = guard.check(CALL, STATE, phase="after_tool", tool_result=injected_text)
     assert (asynchronous.action, asynchronous.rule, asynchronous.decisions[0].span) == (synchronous.action, synchronous.rule, synchronous.decisions[0].span)
-    assert len(screened_on) == 2 and screened_on[0] != threading.get_ident() == screened_on[1], "async: a worker thread; sync: this one"
+    assert len(screened_on) == 2 and threading.get_ident() not in screened_on, "the event loop's thread never reads"
+
+
+def test_a_screen_past_the_guards_timeout_fails_closed_and_is_recorded(engine: ScriptedDecisionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real screen, held until the check has returned: the deadline bounds screens as it bounds the engine."""
+    released, finished = threading.Event(), threading.Event()
+    original = Screen.read
+
+    def held(self: Screen, text: str) -> Any:
+        released.wait(10)
+        try:
+            return original(self, text)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(Screen, "read", held)
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    guard = Guard(
+        [load_policy("prompt-injection")], engine=engine, human_review=True, timeout_s=0.2, telemetry=Telemetry(tracer_provider=provider)
+    )
+    verdict = guard.check(CALL, STATE, phase="after_tool", tool_result=README)
+    assert not finished.is_set(), "the check returned while the screen still read"
+    released.set()
+    decision = next(d for d in verdict.decisions if d.policy == "prompt-injection")
+    assert verdict.action == "escalate" and decision.error and "screen 'prompt-injection' did not answer within 0.2 s" in decision.error
+    assert not engine.calls, "a screen that timed out is not replaced by the engine's answer"
+    (span,) = spans.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR and span.attributes["error.type"] == "EngineTimeoutError"
+    (exception,) = [e for e in span.events if e.name == "exception"]
+    assert "screen 'prompt-injection' did not answer" in exception.attributes["exception.message"]
+    assert finished.wait(10), "the abandoned reading still finishes in the background"

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse, NoulAnswer
 
@@ -61,7 +61,11 @@ from clef_guard.policy.load import HINTS, Policy
 from clef_guard.policy.schema import SEVERITY, Mode
 from clef_guard.telemetry.spans import Telemetry
 
+if TYPE_CHECKING:
+    from clef_guard.engine.screen import Reading
+
 _log = logging.getLogger("clef_guard")
+_T = TypeVar("_T")
 _WORKERS = 8
 """Engine calls one Guard runs at once (its own pool: a hung engine stalls that Guard alone)."""
 
@@ -319,8 +323,8 @@ class Guard:
         """
         runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
         for escalation in (False, True):
-            rounds = self._rounds(runs, escalation=escalation)
             deadline = self._deadline()
+            rounds = self._rounds(runs, escalation=escalation, deadline=deadline)
             groups = next(rounds, None)
             while groups is not None:
                 groups = _send(rounds, self._ask(groups, escalation=escalation, deadline=deadline))
@@ -338,8 +342,8 @@ class Guard:
         runs = [self._begin(call, state, _with_tool(options, call, tools)) for call in tool_calls]
         offload = any(policy.screens for run in runs for policy in run.policies)
         for escalation in (False, True):
-            rounds = self._rounds(runs, escalation=escalation)
             deadline = self._deadline()
+            rounds = self._rounds(runs, escalation=escalation, deadline=deadline)
             groups = await _step(offload, next, rounds, None)
             while groups is not None:
                 groups = await _step(offload, _send, rounds, await self._aask(groups, escalation=escalation, deadline=deadline))
@@ -397,9 +401,10 @@ class Guard:
                         units.append(_Unit(policy, f"{view}/lines/{index}", cut, span, True, escalated))
         return units
 
-    def _rounds(self, runs: list[_Check], *, escalation: bool) -> Generator[list[_Group], list[_Reply], None]:
+    def _rounds(self, runs: list[_Check], *, escalation: bool, deadline: float | None) -> Generator[list[_Group], list[_Reply], None]:
         """Engine requests, round after round, until every unit has decided: each round decides the units
-        whose rules can, and asks what the others need next; the replies come back through ``send``."""
+        whose rules can, and asks what the others need next; the replies come back through ``send``.
+        Screens answer here, within ``deadline`` too."""
         if escalation:
             if self.escalation is None:
                 return
@@ -414,7 +419,7 @@ class Guard:
                 for unit in run.escalations if escalation else run.units:
                     wanted = self._wanted(run, unit, lazy=lazy)
                     while unit.decision is None and (screened := [qid for qid in wanted if qid in unit.policy.screens]):
-                        self._screen(run, unit, screened)  # answered here: ask what the rules need next
+                        self._screen(run, unit, screened, deadline)  # answered here: ask what the rules need next
                         wanted = self._wanted(run, unit, lazy=lazy)
                     if unit.decision is not None:
                         continue
@@ -460,18 +465,17 @@ class Guard:
             return tuple(next_questions(unit.policy, unit.answers, run.call, run.context, run.flow))
         return tuple(qid for qid in unit.policy.questions if qid not in unit.answers)
 
-    def _screen(self, run: _Check, unit: _Unit, questions: Sequence[str]) -> None:
+    def _screen(self, run: _Check, unit: _Unit, questions: Sequence[str], deadline: float | None) -> None:
         """Answer ``questions`` of ``unit`` with their screens, in this process (:mod:`clef_guard.engine.screen`),
-        on the part of the result it reads; a screen that fails (or cannot load) fails the unit closed."""
-        from clef_guard.engine.screen import load_screen
-
+        on the part of the result it reads; a screen that fails, cannot load or reads past ``deadline``
+        fails the unit closed."""
         result = run.call.get("result")
         text = "" if result is None else result if isinstance(result, str) else json.dumps(result, default=str)
         start, end = unit.span or (0, len(text))
         for qid in questions:
             name = unit.policy.screens[qid]
             try:
-                reading = load_screen(name).read(text[start:end])
+                reading = self._within(deadline, f"screen {name!r}", _read_screen, name, text[start:end])
             except Exception as exc:  # fail closed: on_error decides
                 run.errors.append(exc)
                 unit.decision = failed_decision(
@@ -503,13 +507,19 @@ class Guard:
         """One engine batch for ``groups``; failures (the engine's load too) and the timeout come back as exceptions."""
         requests = [{"state": g.state, "questions": g.questions} for g in groups]
         try:
-            future = self._pool.submit(self._batch, requests, escalation, deadline)
-            return list(future.result(timeout=_left(deadline)))
+            return list(self._within(deadline, "the engine", self._batch, requests, escalation, deadline))
+        except Exception as exc:  # any engine failure, the timeout too, must fail closed, never propagate as allow
+            return [exc] * len(groups)
+
+    def _within(self, deadline: float | None, what: str, function: Callable[..., _T], *args: Any) -> _T:
+        """``function(*args)`` in this Guard's pool, given up on at ``deadline`` (an :class:`EngineTimeoutError`
+        naming ``what``; the work, which cannot be interrupted, finishes in the background)."""
+        future = self._pool.submit(function, *args)
+        try:
+            return future.result(timeout=_left(deadline))
         except concurrent.futures.TimeoutError:
             future.cancel()
-            return [self._timed_out()] * len(groups)
-        except Exception as exc:  # any engine failure must fail closed, never propagate as allow
-            return [exc] * len(groups)
+            raise self._timed_out(what) from None
 
     def _batch(self, requests: list[dict[str, Any]], escalation: bool, deadline: float | None) -> list[Any]:
         if deadline is not None and time.monotonic() > deadline:  # waited past its timeout for a worker: skip the work
@@ -530,8 +540,8 @@ class Guard:
         except Exception as exc:  # any engine failure must fail closed
             return [exc] * len(groups)
 
-    def _timed_out(self) -> EngineTimeoutError:
-        return EngineTimeoutError(f"the engine did not answer within {self.timeout_s} s")
+    def _timed_out(self, what: str = "the engine") -> EngineTimeoutError:
+        return EngineTimeoutError(f"{what} did not answer within {self.timeout_s} s")
 
     def _publish(self, runs: list[_Check], verdicts: list[Verdict]) -> list[Verdict]:
         for run, verdict in zip(runs, verdicts, strict=True):
@@ -657,6 +667,12 @@ _READINGS = {"result_window", "result_lines", "argument_lines", "check_without_r
 def _trusted(policy: Policy, engine_view: dict[str, Any], copied: Copied) -> dict[str, Any] | None:
     """``policy``'s trusted reading of ``engine_view`` (:func:`~clef_guard.gate.view.trusted_view`), as its ``state:`` asks."""
     return trusted_view(engine_view, copied, results=policy.state.check_without_results, prose=policy.state.check_without_prose)
+
+
+def _read_screen(name: str, text: str) -> Reading:
+    from clef_guard.engine.screen import load_screen
+
+    return load_screen(name).read(text)
 
 
 def _read_ahead(prefill: Callable[[Any], int], states: list[dict[str, Any]]) -> None:
