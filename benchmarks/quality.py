@@ -50,7 +50,9 @@ when serving, so a rerun only pays for what is new.
 
 In every suite, heads are scored as the engine serves them: their logits multiplied by how
 familiar each question is to them (:mod:`clef_guard.engine.novelty`; ``unseen`` also shows
-its held-out heads ``unscaled``), and a test set whose question the engine reads wide is
+its held-out heads ``unscaled``), listed choices about a request the head does not know
+answered by the encoder where it is sure (``encoder_when_sure``; ``unseen`` also shows those
+heads as the ``head alone``), and a test set whose question the engine reads wide is
 also scored with the sentence encoder (the ``sentence encoder`` row), when one is installed.
 """
 
@@ -271,6 +273,10 @@ def main() -> None:
         }
         for name in [n for n in readings if n in scored_on]:  # the held-out heads, without their familiarity too
             readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
+            sure = [engine.sure_encoder_reading(r.state, parse_questions({"q": r.question})[0], head=heads[name]) for r in rows]
+            if any(s is not None for s in sure):  # as the engine serves it: the encoder where it is sure
+                readings[f"{name}, head alone"] = readings[name]
+                readings[name] = [d if s is None else s for s, d in zip(sure, readings[name], strict=True)]
         if sparrow is not None:
             readings["sparrow-decider"] = [sparrow_distribution(sparrow, row) for row in rows]
         (question,) = parse_questions({"q": rows[0].question})

@@ -11,6 +11,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.encoder import request_text
+from clef_guard.engine.novelty import FAMILIARITY_MIDPOINT
+from clef_guard.engine.requests import parse_questions
 from clef_guard.errors import ModelLoadError
 
 TOPICS = [
@@ -160,3 +162,47 @@ def test_a_none_option_with_examples_takes_what_resembles_them(reader: LocalDeci
     plain = ask("anything else").answers["route"]
     shown = ask({"description": "anything else", "examples": ["Reserve a table at the canteen.", "Book lunch for two."]}).answers["route"]
     assert shown.choice == "other" and shown.probabilities["other"] > plain.probabilities["other"] + 0.2
+
+
+FIVE = Choice(
+    instructions="Which helpdesk topic is this about?",
+    criteria=dict.fromkeys(["printer_jammed", "wifi_drops", "holiday_request", "parking_permit", "expense_report"]),
+)
+HOLIDAY = HumanMessage("I'd like to take the last week of August off.")
+
+
+def test_a_listed_choice_the_head_never_saw_is_read_by_the_encoder_when_it_is_sure(reader: LocalDecisionModel) -> None:
+    (question,) = parse_questions({"topic": FIVE})
+    cosine = reader.familiarity(question)
+    assert cosine is not None and cosine < FAMILIARITY_MIDPOINT, "the shipped head never saw these options"
+    assert reader.sentence_encoder is not None
+    expected = reader.sentence_encoder.probabilities([HOLIDAY], question)
+    assert max(expected) >= reader.encoder_when_sure  # type: ignore[operator]
+    response = reader.invoke({"state": [HOLIDAY], "questions": {"topic": FIVE}})
+    answer = response.answers["topic"]
+    assert answer.choice == "holiday_request"
+    assert [answer.probabilities[o] for o in question.options] == pytest.approx(expected)
+    assert response.usage is not None and response.usage["input_tokens"] == 0  # no backbone pass
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        [HOLIDAY, AIMessage("", tool_calls=[{"name": "book_leave", "args": {"week": 35}, "id": "c1"}])],
+        [HOLIDAY, AIMessage("", tool_calls=[{"name": "lookup", "args": {}, "id": "c1"}]), ToolMessage("Topic: holiday_request.", tool_call_id="c1")],
+        [HumanMessage("Hello there.")],
+    ],
+    ids=["a proposed call", "a tool result last", "the encoder unsure"],
+)
+def test_otherwise_the_backbone_and_head_read_a_listed_choice(reader: LocalDecisionModel, state: list[Any]) -> None:
+    """Questions about a proposed call or what a tool returned, and requests the encoder is unsure of, are not its to answer."""
+    (question,) = parse_questions({"topic": FIVE})
+    assert reader.sure_encoder_reading(state, question) is None
+    response = reader.invoke({"state": state, "questions": {"topic": FIVE}})
+    assert response.usage is not None and response.usage["input_tokens"] > 0
+
+
+def test_encoder_when_sure_none_leaves_listed_choices_to_the_head(reader: LocalDecisionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "encoder_when_sure", None)
+    response = reader.invoke({"state": [HOLIDAY], "questions": {"topic": FIVE}})
+    assert response.usage is not None and response.usage["input_tokens"] > 0

@@ -46,6 +46,8 @@ def test_the_scale_is_one_for_a_trained_question_and_falls_with_distance() -> No
 def test_a_shipped_policy_question_keeps_the_heads_answer(engine: LocalDecisionModel, forgetful: LocalDecisionModel) -> None:
     (policy,) = load_policies("destructive-actions")
     questions = {"destructive": policy.questions["destructive"]}
+    engine.clear_prefix_cache()  # both read the state fresh: a cached prefix moves answers by ~1e-5
+    forgetful.clear_prefix_cache()
     served = engine.invoke({"state": STATE, "questions": questions})
     assert served.familiarity["destructive"] == pytest.approx(1.0, abs=1e-5)
     plain = forgetful.invoke({"state": STATE, "questions": questions})
