@@ -9,13 +9,15 @@ on the same tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import transformers as t
 from langchain_core.decisions import Noul
-from transformers import AutoTokenizer, LlamaConfig
+from transformers import AutoTokenizer
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.backbone import embedded_model_path, resolve_dtype
@@ -49,35 +51,30 @@ def _small(**extra: Any) -> dict[str, Any]:
     )
 
 
-def _build(name: str) -> Any:
-    """A tiny model of a family people bring, randomly initialised."""
-    import transformers as t
-
-    local = dict(sliding_window=WINDOW)
-    alternating = ["sliding_attention", "full_attention"] * 2  # Gemma 2 and 3
-    return {
-        "llama": lambda: t.LlamaForCausalLM(t.LlamaConfig(**_small())),
-        "qwen3": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**_small())),
-        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=4096)),
-        "gemma3": lambda: t.Gemma3ForCausalLM(t.Gemma3TextConfig(**_small(**local, layer_types=alternating))),
-        "qwen2-window": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**_small(**local, use_sliding_window=True, max_window_layers=2))),
-        # Every layer local and no layer types in the config (Mistral 7B v0.1, Phi-3).
-        "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**_small(**local))),
-        "phi3": lambda: t.Phi3ForCausalLM(t.Phi3Config(**_small(**local, pad_token_id=0))),
-    }[name]()
-
-
-ATTENTION = {  # (sliding window, local and global layers mixed) the engine must find in each
-    "llama": (None, False), "qwen3": (None, False), "gpt2": (None, False),
-    "gemma3": (WINDOW, True), "qwen2-window": (WINDOW, True), "mistral": (WINDOW, False), "phi3": (WINDOW, False),
+LOCAL = dict(sliding_window=WINDOW)
+ALTERNATING = ["sliding_attention", "full_attention"] * 2  # Gemma 2 and 3
+FAMILIES: dict[str, tuple[Callable[[], Any], tuple[int | None, bool]]] = {
+    # a tiny model of each family people bring, randomly initialised, and the
+    # (sliding window, local and global layers mixed) the engine must find in it
+    "llama": (lambda: t.LlamaForCausalLM(t.LlamaConfig(**_small())), (None, False)),
+    "qwen3": (lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**_small())), (None, False)),
+    "gpt2": (lambda: t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=4096)), (None, False)),
+    "gemma3": (lambda: t.Gemma3ForCausalLM(t.Gemma3TextConfig(**_small(**LOCAL, layer_types=ALTERNATING))), (WINDOW, True)),
+    "qwen2-window": (
+        lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**_small(**LOCAL, use_sliding_window=True, max_window_layers=2))),
+        (WINDOW, True),
+    ),
+    # Every layer local and no layer types in the config (Mistral 7B v0.1, Phi-3).
+    "mistral": (lambda: t.MistralForCausalLM(t.MistralConfig(**_small(**LOCAL))), (WINDOW, False)),
+    "phi3": (lambda: t.Phi3ForCausalLM(t.Phi3Config(**_small(**LOCAL, pad_token_id=0))), (WINDOW, False)),
 }
 
 
-@pytest.fixture(scope="module", params=list(ATTENTION))
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def architecture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """``(name, path)`` of a saved tiny model."""
     torch.manual_seed(0)
-    return request.param, _save(_build(request.param), tmp_path_factory.mktemp(request.param))
+    return request.param, _save(FAMILIES[request.param][0](), tmp_path_factory.mktemp(request.param))
 
 
 def _native(engine: LocalDecisionModel, state: str) -> torch.Tensor:
@@ -91,7 +88,7 @@ def _native(engine: LocalDecisionModel, state: str) -> torch.Tensor:
 def test_the_engine_reads_as_the_model_does_past_any_window(architecture: tuple[str, str]) -> None:
     name, path = architecture
     engine = LocalDecisionModel(model=path, encoder=None)
-    assert (engine.backbone.sliding_window, engine.backbone.mixed_attention) == ATTENTION[name]
+    assert (engine.backbone.sliding_window, engine.backbone.mixed_attention) == FAMILIES[name][1]
     # Longer and longer states that share a beginning, then one that leaves it: the
     # prefix cache is extended, then cut back, and every answer must still be the model's.
     states = [LONG, LONG + " Then the agent ran rm -rf /srv/invoices.", LONG[:300] + " Nothing else happened."]
@@ -108,7 +105,7 @@ def test_the_engine_reads_as_the_model_does_past_any_window(architecture: tuple[
 def test_a_window_ignored_would_be_caught(tmp_path: Path) -> None:
     """The check above can fail: read with global attention everywhere, the answer moves."""
     torch.manual_seed(0)
-    engine = LocalDecisionModel(model=_save(_build("gemma3"), tmp_path), encoder=None, prefix_cache_size=0)
+    engine = LocalDecisionModel(model=_save(FAMILIES["gemma3"][0](), tmp_path), encoder=None, prefix_cache_size=0)
     engine.backbone.sliding_window = None
     (features,) = engine.encode(LONG, QUESTIONS).features
     assert (features.query - _native(engine, LONG)).abs().max() > 1e-2
@@ -125,7 +122,7 @@ def test_a_model_with_recurrent_layers_is_refused_by_name(tmp_path: Path) -> Non
 def test_a_gpu_reads_small_models_in_float32_and_large_ones_in_half_precision(tmp_path: Path) -> None:
     """No weights are needed to choose: the count comes from the config (TinyLlama's 1.1B here)."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    LlamaConfig(
+    t.LlamaConfig(
         hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4
     ).save_pretrained(tmp_path)
     assert resolve_dtype(None, cuda, str(embedded_model_path())) == torch.float32
