@@ -11,8 +11,9 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clef_guard import LocalDecisionModel
 from clef_guard.engine.encoder import request_text
-from clef_guard.engine.novelty import FAMILIARITY_MIDPOINT
+from clef_guard.engine.local import TRAINED_COSINE
 from clef_guard.engine.requests import parse_questions
+from clef_guard.training.datasets import load_task
 from clef_guard.errors import ModelLoadError
 
 TOPICS = [
@@ -132,7 +133,6 @@ def test_an_example_close_to_the_request_counts_beside_its_options_average(reade
     ],
 )
 def test_bad_examples_name_the_question_and_option(option: dict[str, Any], problem: str) -> None:
-    from clef_guard.engine.requests import parse_questions
     from clef_guard.errors import RequestError
 
     with pytest.raises(RequestError, match=re.escape(problem)) as raised:
@@ -174,7 +174,7 @@ HOLIDAY = HumanMessage("I'd like to take the last week of August off.")
 def test_a_listed_choice_the_head_never_saw_is_read_by_the_encoder_when_it_is_sure(reader: LocalDecisionModel) -> None:
     (question,) = parse_questions({"topic": FIVE})
     cosine = reader.familiarity(question)
-    assert cosine is not None and cosine < FAMILIARITY_MIDPOINT, "the shipped head never saw these options"
+    assert cosine is not None and cosine < TRAINED_COSINE, "the shipped head never saw these options"
     assert reader.sentence_encoder is not None
     expected = reader.sentence_encoder.probabilities([HOLIDAY], question)
     assert max(expected) >= reader.encoder_when_sure  # type: ignore[operator]
@@ -200,6 +200,16 @@ def test_otherwise_the_backbone_and_head_read_a_listed_choice(reader: LocalDecis
     assert reader.sure_encoder_reading(state, question) is None
     response = reader.invoke({"state": state, "questions": {"topic": FIVE}})
     assert response.usage is not None and response.usage["input_tokens"] > 0
+
+
+def test_a_question_the_head_was_trained_on_keeps_the_head(reader: LocalDecisionModel) -> None:
+    """When2Call's question, in the shipped head's training: the head answers even where the encoder would be sure."""
+    example = load_task("tool-use", "test", limit=1)[0]
+    (question,) = parse_questions({"q": example.question})
+    assert reader.familiarity(question) == pytest.approx(1.0, abs=1e-4)
+    with_options = {"state": [HumanMessage(f"I want to {question.options[0].replace('_', ' ')}.")], "questions": {"q": example.question}}
+    assert reader.sure_encoder_reading(with_options["state"], question) is None
+    assert reader.invoke(with_options).usage["input_tokens"] > 0  # type: ignore[index]
 
 
 def test_encoder_when_sure_none_leaves_listed_choices_to_the_head(reader: LocalDecisionModel, monkeypatch: pytest.MonkeyPatch) -> None:

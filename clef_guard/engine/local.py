@@ -52,7 +52,7 @@ from clef_guard.engine.head import (
     DecisionHead,
     centred_cosine,
 )
-from clef_guard.engine.novelty import FAMILIARITY_MIDPOINT, QuestionMemory, familiarity_scale
+from clef_guard.engine.novelty import QuestionMemory, familiarity_scale
 from clef_guard.engine.prefix_cache import PrefixCache
 from clef_guard.engine.prompt import PromptLayout
 from clef_guard.engine.requests import ParsedQuestion, parse_questions
@@ -77,11 +77,14 @@ costs what one that fills the window does (the tokens kept are the same)."""
 DEFAULT_HEAD = Path(__file__).parents[1] / "heads" / "default.safetensors"
 """The shipped decision head for the embedded backbone."""
 WIDE_CHOICE_OPTIONS = 16
+"""Beyond this many options a choice is read wide (unless ``wide_choice_options`` says otherwise)."""
 ENCODER_WHEN_SURE = 0.8
 """Default of ``encoder_when_sure``, chosen on dev rows of the unseen families: at 0.8 the encoder
 answers 84% / 67% of CLINC150 / HWU64 requests asked among 8 / 5 listed intents (99% / 92% of them
 right), and 9% / 4% of ASSEBench risk-type and tool-use rows (a third right, as the head)."""
-"""Beyond this many options a choice is read wide (unless ``wide_choice_options`` says otherwise)."""
+TRAINED_COSINE = 0.99
+"""A question this close to one the head was trained on (its familiarity) counts as trained on:
+the head keeps answering it, whatever the encoder says (the same words, options reordered)."""
 
 
 class LocalClassifierResponse(ClassifierResponse):
@@ -158,7 +161,7 @@ class LocalDecisionModel(BaseDecisionModel):
     embedded encoder's name, or a local folder of a sentence-transformers model. On label sets
     the head never saw it reads about twice as well as the backbone (docs/results.md)."""
     encoder_when_sure: float | None = Field(default=ENCODER_WHEN_SURE, gt=0.0, le=1.0)
-    """A listed choice the head does not know (no head, or its familiarity below the midpoint),
+    """A listed choice the head was not trained on (no head, or familiarity below :data:`TRAINED_COSINE`),
     asked about the user's request (the state ends with the user's turn or is plain text: never
     a proposed call or a tool result), is answered by the encoder when the encoder gives its best
     option at least this probability; by the backbone and head otherwise. ``None``: never."""
@@ -307,7 +310,7 @@ class LocalDecisionModel(BaseDecisionModel):
         head = head if head is not None else self._head
         if head is not None:
             cosine = self.familiarity(question, head=head)
-            if cosine is None or cosine >= FAMILIARITY_MIDPOINT:
+            if cosine is None or cosine >= TRAINED_COSINE:
                 return None
         encoder = self.sentence_encoder
         if encoder is None:
