@@ -79,7 +79,7 @@ from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.novelty import familiarity_scale
-from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.requests import ParsedQuestion, parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.training.datasets import load_task, sample_options, with_examples
 from clef_guard.training.evaluate import SparrowDecisionModel, option_probabilities, score
@@ -239,11 +239,11 @@ def main() -> None:
     seconds: dict[str, float] = {}
     scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
 
-    def familiarity_scales(head: DecisionHead | None, rows: list[Example]) -> list[float] | None:
-        """What the engine multiplies ``head``'s logits by for each row (1 where it reports no familiarity)."""
+    def familiarity_scales(head: DecisionHead | None, asked: list[ParsedQuestion]) -> list[float] | None:
+        """What the engine multiplies ``head``'s logits by for each row's question (1 where it reports no familiarity)."""
         if head is None:
             return None
-        cosines = [engine.familiarity(parse_questions({"q": row.question})[0], head=head) for row in rows]
+        cosines = [engine.familiarity(question, head=head) for question in asked]
         return [1.0 if cosine is None else familiarity_scale(cosine) for cosine in cosines]
 
     sparrow = SparrowDecisionModel() if args.sparrow else None
@@ -266,14 +266,15 @@ def main() -> None:
     shots = [0, *(args.shots or [10])] if args.suite == "readers" else [0]
     for part in tests:
         rows, features = read(part)
+        asked = [parse_questions({"q": row.question})[0] for row in rows]
         readings = {
-            name: [p.tolist() for p in predict(head, features, familiarity_scales(head, rows))]
+            name: [p.tolist() for p in predict(head, features, familiarity_scales(head, asked))]
             for name, head in heads.items()
             if part.task in scored_on.get(name, (part.task,))
         }
         for name in [n for n in readings if n in scored_on]:  # the held-out heads, without their familiarity too
             readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
-            sure = [engine.sure_encoder_reading(r.state, parse_questions({"q": r.question})[0], head=heads[name]) for r in rows]
+            sure = [engine.sure_encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
             if any(s is not None for s in sure):  # as the engine serves it: the encoder where it is sure
                 readings[f"{name}, head alone"] = readings[name]
                 readings[name] = [d if s is None else s for s, d in zip(sure, readings[name], strict=True)]

@@ -322,8 +322,8 @@ class LocalDecisionModel(BaseDecisionModel):
         parsed = parse_questions(questions)
         by_encoder = {q.id for q in parsed if self.reads_with_encoder(q)}
         answers, familiarity = {}, {}
-        for question in parsed:
-            if question.id not in by_encoder and (sure := self.sure_encoder_reading(state, question)) is not None:
+        for question in parsed:  # None for the questions the encoder reads anyway (by_encoder)
+            if (sure := self.sure_encoder_reading(state, question)) is not None:
                 answers[question.id] = build_answer(question, sure)
         read = [q for q in parsed if q.id not in by_encoder and q.id not in answers]
         encoded = self.encode(state, read) if read else EncodedRequest([], 0, 0, 0)
