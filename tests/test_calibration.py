@@ -176,3 +176,11 @@ def test_too_few_negatives_give_no_stop_threshold() -> None:
     assert stop.threshold is None and stop.negatives == 100 and stop.false_alarm_bound > 0.01
     clean = stop_threshold([0.1] * 400 + [0.9] * 10, [False] * 400 + [True] * 10, target_error=0.01)
     assert clean.threshold is not None and 0.1 < clean.threshold <= 0.9 and clean.recall == 1.0 and clean.false_alarms == 0
+
+
+def test_negatives_answered_one_give_no_stop_threshold() -> None:
+    """A threshold of 1.0 would still stop the negatives a saturated head answers 1.0: none can meet the target."""
+    stop = stop_threshold([0.1] * 390 + [1.0] * 10 + [1.0] * 10, [False] * 400 + [True] * 10, target_error=0.01)
+    assert stop.threshold is None and stop.false_alarms == 10 and stop.false_alarm_bound > 0.01
+    fewer = stop_threshold([0.1] * 399 + [1.0] + [1.0] * 10, [False] * 400 + [True] * 10, target_error=0.02)
+    assert fewer.threshold is not None and 0.1 < fewer.threshold < 1.0 and fewer.false_alarms == 1 and fewer.false_alarm_bound <= 0.02

@@ -195,7 +195,8 @@ class StopThreshold:
     """A threshold at which "yes" stops a call, and what it costs and catches."""
 
     threshold: float | None
-    """Stop at P(yes) of at least this; ``None`` when even stopping nothing cannot be shown to meet the target."""
+    """Stop at P(yes) of at least this; ``None`` when no threshold can be shown to meet the target (too few
+    negatives, or more of them answered 1.0 than the target allows)."""
     false_alarms: int
     """"no" rows it stops."""
     negatives: int
@@ -222,7 +223,10 @@ def stop_threshold(
     if allowed < 0:
         return StopThreshold(None, 0, len(negatives), 0.0, clopper_pearson_upper(0, len(negatives), confidence))
     above = negatives[allowed] if allowed < len(negatives) else 0.0  # the first negative it must not stop
-    threshold = min(1.0, math.nextafter(above, 2.0))
+    if above >= 1.0:  # no probability stops fewer: saturated answers on too many negatives
+        saturated = sum(p >= 1.0 for p in negatives)
+        return StopThreshold(None, saturated, len(negatives), 0.0, clopper_pearson_upper(saturated, len(negatives), confidence))
+    threshold = math.nextafter(above, 2.0)
     false_alarms = sum(p >= threshold for p in negatives)
     recall = sum(p >= threshold for p in positives) / len(positives) if positives else float("nan")
     return StopThreshold(threshold, false_alarms, len(negatives), recall, clopper_pearson_upper(false_alarms, len(negatives), confidence))

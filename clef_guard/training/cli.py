@@ -448,7 +448,8 @@ def _yes_threshold(
     if chosen.threshold is None:
         raise ClefGuardError(
             f"{flag} {spec!r}: {chosen.negatives} 'no' rows cannot show a rate of 'no' rows at or above a threshold under "
-            f"{target_error} (the bound with none is {chosen.false_alarm_bound:.4f}); calibrate on more rows"
+            f"{target_error} (the bound at best is {chosen.false_alarm_bound:.4f}, with {chosen.false_alarms} answered 1.0); "
+            "calibrate on more rows or a better head"
         )
     return policy_name, name, chosen
 
