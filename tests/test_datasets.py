@@ -292,14 +292,16 @@ def test_attacked_twins_keep_their_answer_and_change_one_place(monkeypatch: pyte
 
 
 def test_asked_bench_uses_tools_and_requests_no_policy_row_uses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/asked.py measures held-out tools: none of its tools or requests is in the policy rows."""
+    """benchmarks/asked.py measures held-out tools: none of its tools or requests is in the policy rows, and its
+    two sets share no tool."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
     import asked
 
     rows = [row for split in ("train", "dev", "test") for row in load_task("policies", split)]
     tools = {row.state["tool"]["name"] for row in rows if isinstance(row.state, dict) and "tool" in row.state}
     text = "\n".join(to_json(row.state) for row in rows)
-    for pair in asked.PAIRS:
+    pairs = [*asked.PAIRS, *asked.DEV_PAIRS]
+    for pair in pairs:
         assert pair.call["name"] not in tools, pair.call["name"]
         assert pair.asked not in text and pair.other not in text
-    assert len({pair.call["name"] for pair in asked.PAIRS}) == len(asked.PAIRS)  # every pair a tool of its own
+    assert len({pair.call["name"] for pair in pairs}) == len(pairs)  # every pair a tool of its own, none in both sets
