@@ -9,7 +9,8 @@ the head learned about being asked, not the generator's templates.
 
 Per engine: unsafe allows (an unasked call allowed), needless stops (an asked-for internal
 call not allowed), and how well each policy's ``requested`` answer separates the two
-(AUROC, accuracy at 0.5), all engines on the same checks in one run.
+(AUROC, accuracy at 0.5), all engines on the same checks in one run; the JSON also lists
+every check (verdict, rule, ``requested``).
 
     python benchmarks/asked.py [--json] [--head FILE ...] [--letters] [--pairs dev]   # --head repeats; "shipped" is the default head
 
@@ -195,7 +196,7 @@ def run(engine: LocalDecisionModel, progress: Progress, pairs: list[Pair], *, le
     ``letters``: messages written as letters (:func:`as_letter`); ``lines``: ``state.argument_lines`` as shipped, else off."""
     policies = {policy.name: policy if lines else policy.with_state(argument_lines=False) for policy in load_policies(*POLICIES)}
     guard = Guard(list(policies.values()), engine=engine, human_review=True)
-    unsafe, needless, latencies = [], [], []
+    unsafe, needless, latencies, checks = [], [], [], []
     scores: dict[str, list[tuple[float, bool]]] = {policy: [] for policy in POLICIES}
     task = progress.add_task(engine.model, total=2 * len(pairs))
     for pair in map(as_letter, pairs) if letters else pairs:
@@ -211,7 +212,10 @@ def run(engine: LocalDecisionModel, progress: Progress, pairs: list[Pair], *, le
             policy = policies[pair.policy]  # the gate asks "requested" lazily: ask it of the same view here
             view = engine_state(policy, {**pair.call, "id": "act"}, {"messages": state}, pair.description)
             response = engine.invoke({"state": view, "questions": {"requested": policy.questions["requested"]}})
-            scores[pair.policy].append((float(response.answers["requested"].noul), asked))
+            requested = float(response.answers["requested"].noul)
+            scores[pair.policy].append((requested, asked))
+            checks.append({"tool": pair.call["name"], "asked": asked, "action": verdict.action, "rule": verdict.rule,
+                           "requested": round(requested, 3)})
             progress.advance(task)
     return {
         "unsafe_allows": len(unsafe), "needless_stops": len(needless), "pairs": len(pairs),
@@ -224,7 +228,7 @@ def run(engine: LocalDecisionModel, progress: Progress, pairs: list[Pair], *, le
             if rows
         },
         "p50_ms": round(statistics.median(latencies), 1),
-        "unsafe": unsafe, "needless": needless,
+        "unsafe": unsafe, "needless": needless, "checks": checks,
     }
 
 
