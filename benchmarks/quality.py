@@ -153,7 +153,7 @@ def _suite(name: str, limit: int, train_limit: int = 200) -> tuple[list[Recipe],
         return [recipe], [Part("tool-use", "test"), Part("when2call", "test", limit)]
     shipped = ("policies", "metatool", "injecguard", "rjudge", "assebench", "banking77", "hwu64")
     if name == "shipped":
-        return [], [Part(task, "test", limit) for task in (*shipped, "tool-use", "when2call")]
+        return [], [Part(task, "test", limit) for task in (*shipped, "policies-new-tools", "tool-use", "when2call")]
     if name == "unseen":
         def parts(families: list[str], split: str, rows: int) -> tuple[Part, ...]:
             return tuple(Part(task, split, rows, options) for family in families for task, options in UNSEEN_FAMILIES[family])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from clef_guard.training.datasets import (
     datasets_dir,
     load_task,
     sample_options,
+    task_splits,
 )
 from clef_guard.training.examples import Example
 
@@ -24,10 +26,6 @@ try:
     ROOT = datasets_dir()
 except ClefGuardError:
     pytest.skip("the public datasets folder is not on this machine", allow_module_level=True)
-
-
-def _splits(task: str) -> tuple[str, ...]:
-    return ("test",) if task == "when2call" else SPLITS
 
 
 def _options(example: Example) -> set[str]:
@@ -39,7 +37,7 @@ def _options(example: Example) -> set[str]:
 
 @pytest.mark.parametrize("task", TASKS)
 def test_every_split_loads_with_labels_among_the_question_options(task: str) -> None:
-    for split in _splits(task):
+    for split in task_splits(task):
         examples = load_task(task, split, limit=20)
         assert len(examples) == 20
         assert len({example.id for example in examples}) == 20
@@ -164,16 +162,35 @@ def test_policy_split_keeps_a_states_questions_together_and_ignores_other_rows()
     assert counts["train"] > 3 * counts["dev"] and counts["dev"] > 0 and counts["test"] > 0, counts
 
 
+def test_held_out_tool_families_are_new_ground_for_every_training_row() -> None:
+    """``policies-new-tools`` holds every row of the held-out tools, in their split only, and no
+    ``policies`` row holds their tool, its argument names or the targets only they touch."""
+    from clef_guard.engine.state import state_segments
+    from clef_guard.training.rows.policies import BRANCHES, HELD_OUT_TOOLS, MEETINGS, NAMESPACES
+
+    with pytest.raises(ClefGuardError, match="held out of training"):
+        load_task("policies-new-tools", "train")
+    rows = {split: load_task("policies-new-tools", split) for split in ("dev", "test")}
+    for tool, split in HELD_OUT_TOOLS.items():
+        held = [row for row in rows[split] if row.state["tool"]["name"] == tool]
+        assert len(held) > 100 and {row.label for row in held if "/requested/" in row.id} == {"yes", "no"}, tool
+    assert {row.state["tool"]["name"] for split in rows for row in rows[split]} == set(HELD_OUT_TOOLS)
+    assert not {row.state["tool"]["name"] for row in rows["dev"]} & {row.state["tool"]["name"] for row in rows["test"]}
+    seen = "\n".join("\n".join(state_segments(row.state)) for split in SPLITS for row in load_task("policies", split))
+    words = ["subcommand", "message_body", "to_address", "kubectl", "gmail_send", "outlook_send", *BRANCHES, *NAMESPACES, *MEETINGS]
+    assert [word for word in words if word in seen] == []
+
+
 def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -> None:
     """"External" follows the system turn's domain, or, with no organisation named, how the user names the recipient
     (with its address, or alone: then the agent found the address)."""
-    from clef_guard.training.rows.policies import ORGANISATIONS, RELATIONS
+    from clef_guard.training.rows.policies import ORGANISATIONS, PRIVATE, RELATIONS, ROUTINE, SECRETS
 
     rows = [row for split in SPLITS for row in load_task("policies", split)
             if row.id.startswith("outbound-communication/external/")]
     unnamed = 0
     for row in rows:
-        to, turns = row.state["tool"]["args"]["to"], row.state["messages"]
+        to, turns = next(iter(row.state["tool"]["args"].values())), row.state["messages"]  # the recipient comes first
         system = [turn.content for turn in turns if turn.type == "system"]
         (user,) = [turn.content for turn in turns if turn.type == "human"]
         assert turns[-1].tool_calls[0]["args"] == row.state["tool"]["args"], "the AI turn that proposes the call comes last"
@@ -182,7 +199,8 @@ def test_policy_rows_label_recipients_by_the_organisation_or_the_users_words() -
             assert (row.label == "yes") == (not to.startswith("#") and not to.endswith("@" + domain)), row.id
         else:
             unnamed += 1
-            named = {external for external, relations in RELATIONS.items() for relation in relations if relation in user}
+            who = functools.reduce(lambda text, body: text.replace(body, ""), [*PRIVATE, *ROUTINE, *SECRETS], user)  # "the customer's card"
+            named = {external for external, relations in RELATIONS.items() for relation in relations if relation in who}
             assert named == {row.label == "yes"}, row.id  # "our supplier (jo@...)", or the relation alone
     assert 0 < unnamed < len(rows) / 2
 
@@ -209,8 +227,8 @@ def test_destructive_rows_do_not_tell_the_answer_by_the_tool_or_the_request() ->
     rows = [row for row in load_task("policies", "train") if row.id.startswith("destructive-actions/destructive/")]
     for tool in ("run_sql", "shell"):
         assert {row.label for row in rows if row.state["tool"]["name"] == tool} == {"yes", "no"}, tool
-    only_looks = [re.compile(re.sub(r"\\\{\w+\\\}", r"\\S+", re.escape(look)), re.IGNORECASE)
-                  for look in LOOKS if all(look not in asks for _, _, asks, _ in DESTROYS + KEEPS)]
+    only_looks = [re.compile(("(?<![a-z] )" if look.endswith("?") else "") + re.sub(r"\\\{\w+\\\}", r"\\S+", re.escape(look)), re.IGNORECASE)
+                  for looks in LOOKS.values() for look in looks if all(look not in asks for _, _, asks, _ in DESTROYS + KEEPS)]
     looks = [row for row in rows if any(
         look.search(turn.content) for look in only_looks for turn in row.state["messages"] if turn.type == "human"
     )]

@@ -35,6 +35,8 @@ tool-output  the prompt-injection policy's         8 result kinds,   2 kinds,   
 policies-    the policies rows with an attacker's  the twins of the  of its dev    of its test
 attacked     text added, same answers              policies train    rows          rows
              (``training.rows.attacked``)          rows
+policies-    the policies' questions on tools no   (none)            calendar,     git, kubectl,
+new-tools    ``policies`` row uses                                   outlook_send  gmail_send
 ===========  ====================================  ================  ============  ============
 
 "Seeded" splits shuffle the examples with a generator seeded by the task name, so they
@@ -109,14 +111,15 @@ def load_task(
     ``limit`` keeps a random sample of that many examples, drawn with ``random.Random(seed)``
     over the whole split and returned in file order, so small evaluations are reproducible.
     ``root`` overrides :func:`datasets_dir`. Raises :class:`ClefGuardError` for an unknown task
-    or split, a split the task does not have (when2call is test only) or a missing file.
+    or split, a split the task does not have (:func:`task_splits`) or a missing file.
     """
     if name not in _LOADERS:
         raise ClefGuardError(f"unknown task {name!r}; the tasks are {', '.join(TASKS)}")
     if split not in SPLITS:
         raise ClefGuardError(f"unknown split {split!r}; the splits are {', '.join(SPLITS)}")
-    if name in _TEST_ONLY and split != "test":
-        raise ClefGuardError(f"{name} is a test-only set: it has no {split!r} split, only 'test'")
+    if split not in task_splits(name):
+        kind = "a test-only set" if name in _TEST_ONLY else "held out of training"
+        raise ClefGuardError(f"{name} is {kind}: it has no {split!r} split, only {', '.join(map(repr, task_splits(name)))}")
     if limit is not None and limit < 0:
         raise ClefGuardError(f"limit must be a count of examples (0 or more), not {limit}")
     examples = _LOADERS[name](root or datasets_dir(), split)
@@ -409,8 +412,15 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "tool-use": lambda root, split: tool_use_examples(split),
     "tool-output": lambda root, split: tool_output_examples(split),
     "policies-attacked": lambda root, split: attacked_examples(split),
+    "policies-new-tools": lambda root, split: policy_examples(split, held_out=True),
 }
 _TEST_ONLY = frozenset({"when2call"})
+_HELD_OUT = frozenset({"policies-new-tools"})
+
+
+def task_splits(name: str) -> tuple[str, ...]:
+    """The splits a task has: when2call is test only, policies-new-tools has no train split."""
+    return ("test",) if name in _TEST_ONLY else ("dev", "test") if name in _HELD_OUT else SPLITS
 
 TASKS: tuple[str, ...] = tuple(_LOADERS)
 """Every task :func:`load_task` knows, in the order of the module docstring's table."""
