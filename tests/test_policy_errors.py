@@ -61,6 +61,12 @@ def _broken(old: str, new: str) -> str:
         (_broken("name: demo", "name: demo\nname: other"), 3, None, "appears twice", "keep one"),
         (_broken("answers.destructive >= thresholds.destructive", 'tool.name.matches("(?=rm)")'), 17, "rules[0].when", "invalid regular expression", "RE2"),
         (_broken("criteria: {ops: null, dev: null}", "criteria: {ops: null, OPS: null}"), 12, "questions.team.criteria.OPS", "same label", None),
+        (_broken("name: demo\n", "name: demo\nfacts:\n  big: tool.args_json.size() > 99\n").replace("when: answers", "when: facts.bigg && answers"),
+         19, "rules[0].when", "fact 'bigg'", "did you mean 'big'"),
+        (_broken("name: demo\n", "name: demo\nfacts:\n  big: answers.destructive > 0.5\n"), 4, "facts.big", "names 'answers'", "test answers in a rule"),
+        (_broken("name: demo\n", "name: demo\nfacts:\n  big: tool.name\n"), 4, "facts.big", "true or false", None),
+        (_broken("name: demo\n", "name: demo\nfacts:\n  big: facts.huge\n  huge: tool.name == 'x'\n"), 4, "facts.big", "fact 'huge'", "defined before this point"),
+        (_broken("name: demo\n", "name: demo\nfacts:\n  big-one: tool.name == 'x'\n"), 4, "facts", "must be an identifier", None),
     ],
 )
 def test_errors_point_at_the_fault(text: str, line: int, field: str | None, phrase: str, hint: str | None) -> None:
@@ -89,6 +95,24 @@ def test_the_good_policy_compiles() -> None:
     assert policy.name == "demo" and [r.id for r in policy.rules] == ["block"]
     assert policy.matches("delete_file", phase="before_tool", step=None, context={}, tool={"name": "delete_file", "args": {}})
     assert not policy.matches("read_file", phase="before_tool", step=None, context={}, tool={"name": "read_file", "args": {}})
+
+
+def test_facts_are_written_once_and_read_where_a_condition_is() -> None:
+    text = _broken("applies_to:\n  tools: [delete_*]", "facts:\n  on_prod: has(tool.args.env) && tool.args.env == 'prod'\n"
+                   "  prod_root: facts.on_prod && tool.args.path == '/'\napplies_to:\n  tools: [delete_*]\n  when: facts.on_prod")
+    policy = parse_policy(text.replace("when: answers.destructive", "when: facts.prod_root || answers.destructive"))
+
+    def verdict(args: dict, destructive: float) -> str | None:
+        call = {"name": "delete_file", "args": args}
+        if not policy.matches("delete_file", phase="before_tool", step=None, context={}, tool=call):
+            return None
+        variables = {"answers": {"destructive": destructive}, "thresholds": policy.thresholds, "tool": call, "context": {}}
+        return next((rule.then for rule in policy.rules if rule.program.execute(variables) is True), policy.default)
+
+    assert verdict({"env": "dev", "path": "/"}, 0.0) is None, "applies_to.when reads the fact"
+    assert verdict({"env": "prod", "path": "/"}, 0.0) == "deny", "a fact naming an earlier fact decides the rule"
+    assert verdict({"env": "prod", "path": "/tmp/x"}, 0.0) == "allow"
+    assert verdict({"env": "prod", "path": "/tmp/x"}, 0.9) == "deny"
 
 
 def test_files_and_folders_load_and_names_must_be_unique(tmp_path: Path) -> None:

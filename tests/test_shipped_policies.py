@@ -105,6 +105,32 @@ def test_a_command_that_deletes_is_destructive_whatever_the_model_says(name: str
 
 
 @pytest.mark.parametrize(
+    ("name", "args", "checked"),
+    [
+        ("git", {"args": "push --force origin main"}, True),
+        ("git", {"args": "push origin +release"}, True),
+        ("git", {"args": "branch -D feature/login"}, True),
+        ("shell", {"command": "git reset --hard HEAD~3"}, True),
+        ("kubectl", {"subcommand": "delete pvc data-0 -n prod", "context": "eu-1"}, True),
+        ("helm", {"args": "uninstall web"}, True),
+        ("docker", {"cmd": "system prune -af"}, True),
+        ("git", {"args": "push origin main"}, False),
+        ("git", {"args": "branch -d merged-fix"}, False),
+        ("kubectl", {"subcommand": "get pods -n prod"}, False),
+        ("terraform", {"args": "plan"}, False),
+    ],
+)
+def test_a_command_line_tool_is_checked_when_its_subcommand_destroys(name: str, args: dict, checked: bool) -> None:
+    """git, kubectl, helm, terraform, docker and podman: a destroying subcommand needs the user's request
+    whatever the model says (the head never trained on these tools); any other is not checked."""
+    guard = _harmless_destructive_guard()
+    call = {"name": name, "args": args, "id": "c1"}
+    verdict = guard.check(call, [HumanMessage("How is the release going?"), AIMessage("", tool_calls=[call])])
+    assert bool(verdict.decisions) == checked
+    assert (verdict.action, verdict.rule) == (("confirm", "destructive-not-requested") if checked else ("allow", None))
+
+
+@pytest.mark.parametrize(
     ("name", "args", "action"),
     [
         ("read_file", {"path": "/home/ci/.aws/credentials"}, "confirm"),
@@ -133,9 +159,10 @@ def test_a_message_to_no_one_the_user_named_needs_a_confident_request(request_: 
     does not send it to a recipient the user never typed: no result or argument can type it."""
     lukewarm = ScriptedDecisionModel(script={"outside the user's own": 0.05, "confidential": 0.05, "ask for this message": 0.6})
     guard = Guard(load_policies(POLICIES / "outbound-communication.yaml"), engine=lukewarm, human_review=True)
-    call = {"name": "send_email", "args": args, "id": "c1"}
-    verdict = guard.check(call, [HumanMessage(request_), AIMessage("", tool_calls=[call])])
-    assert (verdict.action, verdict.rule) == (action, "recipient-not-named" if action == "confirm" else None)
+    for name in ("send_email", "gmail_send", "outlook_send_mail"):  # as a mail API names its send
+        call = {"name": name, "args": args, "id": "c1"}
+        verdict = guard.check(call, [HumanMessage(request_), AIMessage("", tool_calls=[call])])
+        assert verdict.decisions and (verdict.action, verdict.rule) == (action, "recipient-not-named" if action == "confirm" else None)
 
 
 GOLDEN_REQUEST = "Clear the refunded bookings and the stale export snapshot, then mail the weekly report to our partner."

@@ -22,6 +22,7 @@ Variables a CEL expression can use:
 - ``context``: what the integration adds (``step``, ``route``, user-supplied fields);
 - ``history``: the thread's earlier tool calls, oldest first, each
   ``{id, name, args, verdict, labels, turns_ago}``; ``labels``: every label the thread carries.
+- ``facts.<name>``: a named condition from the policy's ``facts:`` (written out where it is read).
 
 A policy's ``labels:`` rules run on every tool result and attach labels to it.
 """
@@ -230,6 +231,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         if spec.applies_to.phase != "after_tool" or not spec.state.tool_result:
             raise where.error("a screen reads the tool result: the policy needs applies_to.phase: after_tool and "
                               "state.tool_result: true", ["screens", qid])
+    facts = _facts(spec, where)
     applies_program = None
     if spec.applies_to.when is not None:
         if found := re.search(r"\b(answers|thresholds)\b", spec.applies_to.when):
@@ -240,15 +242,16 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
                 "test answers in a rule",
                 snippet=found.group(0),
             )
-        applies_program = _compile(spec.applies_to.when, ["applies_to", "when"], where, spec)
+        applies_program = _compile(_expand(spec.applies_to.when, facts, ["applies_to", "when"], where), ["applies_to", "when"], where, spec)
     rules = tuple(
         CompiledRule(
-            rule.id, rule.then, rule.message, rule.when, _compile(rule.when, ["rules", i, "when"], where, spec),
+            rule.id, rule.then, rule.message, rule.when,
+            _compile(_expand(rule.when, facts, ["rules", i, "when"], where), ["rules", i, "when"], where, spec),
             answers_read(rule.when, spec.questions),
         )
         for i, rule in enumerate(spec.rules)
     )
-    labels = tuple(_compile_label(label, i, where, spec) for i, label in enumerate(spec.labels))
+    labels = tuple(_compile_label(label, i, where, spec, facts) for i, label in enumerate(spec.labels))
     ids = [rule.id for rule in spec.rules]
     for i, rule_id in enumerate(ids):
         if rule_id in ids[:i]:
@@ -271,7 +274,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
     )
 
 
-def _compile_label(label: LabelRule, index: int, where: Locator, spec: PolicyFile) -> CompiledLabel:
+def _compile_label(label: LabelRule, index: int, where: Locator, spec: PolicyFile, facts: Mapping[str, str]) -> CompiledLabel:
     path: list[Any] = ["labels", index]
     reads_answers = bool(label.when and re.search(r"\banswers\b", label.when))
     if reads_answers and spec.applies_to.phase != "after_tool":
@@ -280,7 +283,9 @@ def _compile_label(label: LabelRule, index: int, where: Locator, spec: PolicyFil
             [*path, "when"],
             hint="set applies_to.phase: after_tool, or test the result with tool.result.matches(...)",
         )
-    program = _compile(label.when, [*path, "when"], where, spec) if label.when is not None else None
+    program = None
+    if label.when is not None:
+        program = _compile(_expand(label.when, facts, [*path, "when"], where), [*path, "when"], where, spec)
     pattern = None
     if label.pattern is not None:
         _check_regex(json.dumps(label.pattern), [*path, "pattern"], where)
@@ -289,6 +294,40 @@ def _compile_label(label: LabelRule, index: int, where: Locator, spec: PolicyFil
         except regex.error as exc:
             raise where.error(f"invalid regular expression: {exc}", [*path, "pattern"]) from None
     return CompiledLabel(label.label, tuple(label.tools), reads_answers, program, pattern)
+
+
+_FACT = re.compile(r"\bfacts\s*\.\s*([A-Za-z_]\w*)")
+
+
+def _facts(spec: PolicyFile, where: Locator) -> dict[str, str]:
+    """Each fact's CEL, with the facts it names written out; each compiled and dry-run on its own."""
+    facts: dict[str, str] = {}
+    for name, expression in spec.facts.items():
+        path = ["facts", name]
+        if found := re.search(r"\b(answers|thresholds)\b", expression):
+            raise where.error(
+                f"fact {name!r} names {found.group(1)!r}, which a fact cannot read",
+                path,
+                hint="a fact reads tool, context, history and labels (so applies_to.when can use it); test answers in a rule",
+                snippet=found.group(0),
+            )
+        facts[name] = _expand(expression, facts, path, where)
+        _compile(facts[name], path, where, spec)
+    return facts
+
+
+def _expand(expression: str, facts: Mapping[str, str], path: list[Any], where: Locator) -> str:
+    """``expression`` with each ``facts.<name>`` replaced by that fact's CEL, in parentheses."""
+
+    def written_out(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in facts:
+            close = difflib.get_close_matches(name, sorted(facts), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"defined before this point: {sorted(facts) or 'none'}"
+            raise where.error(f"names fact {name!r}, which this policy does not define", path, hint=hint, snippet=match.group(0))
+        return f"({facts[name]})"
+
+    return _FACT.sub(written_out, expression)
 
 
 def probe_answers(questions: Mapping[str, Noul | Choice | Score]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from langchain_core.decisions import Choice, Noul, Score
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Action = Literal["allow", "confirm", "escalate", "deny"]
 Phase = Literal["before_tool", "after_tool", "route"]
@@ -118,6 +118,10 @@ class PolicyFile(_Strict):
     version: Literal[1]
     name: str = Field(pattern=_NAME)
     description: str = ""
+    facts: dict[str, str] = Field(default_factory=dict)
+    """Named CEL conditions over ``tool``, ``context``, ``history`` and ``labels`` (and the facts
+    above them), read as ``facts.<name>`` in ``applies_to.when``, rules and label rules: a
+    condition several rules share is written once."""
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     state: StateView = Field(default_factory=StateView)
     questions: dict[str, PolicyQuestion] = Field(default_factory=dict)
@@ -142,10 +146,11 @@ class PolicyFile(_Strict):
             raise ValueError("a policy needs rules, labels or both")
         return self
 
-    @field_validator("questions")
+    @field_validator("questions", "facts")
     @classmethod
-    def _question_ids(cls, questions: dict[str, Any]) -> dict[str, Any]:
-        for qid in questions:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", qid):
-                raise ValueError(f"question id {qid!r} must be an identifier (letters, digits, _) to be usable in CEL")
-        return questions
+    def _identifiers(cls, named: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        what = "question id" if info.field_name == "questions" else "fact name"
+        for name in named:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{what} {name!r} must be an identifier (letters, digits, _) to be usable in CEL")
+        return named
