@@ -5,7 +5,7 @@
     python benchmarks/quality.py tool-use [--limit 300] [--json]
     python benchmarks/quality.py calibrated [--limit 200] [--json]
     python benchmarks/quality.py shipped [--limit 200] [--head candidate.safetensors] [--json]
-    python benchmarks/quality.py readers [--limit 200] [--shots 10] [--json]
+    python benchmarks/quality.py readers [--limit 200] [--shots 10] [--suggested 20] [--json]
     python benchmarks/quality.py unseen [--limit 200] [--train-limit 200] [--sparrow] [--model PATH] [--json]
 
 Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
@@ -33,7 +33,9 @@ when serving, so a rerun only pays for what is new.
   test splits (``--limit`` rows), read wide by the backbone alone and the shipped head,
   beside the sentence encoder (``LocalDecisionModel.encoder``) on the same rows, with the
   labels alone and with ``--shots`` example texts a label drawn from the train split (fixed
-  seed). Sets with an ``oos`` option report ``none_auroc`` (how well P(oos) tells the
+  seed), and with ``--suggested`` examples a label that :mod:`clef_guard.training.suggest`
+  picked from 3,000 of the train split's requests with their labels dropped (what
+  ``clef-guard suggest-examples`` drafts from a deployment's unlabeled traffic). Sets with an ``oos`` option report ``none_auroc`` (how well P(oos) tells the
   out-of-scope rows from the rest); BANKING77-OOS also with each kind of out-of-scope row
   alone (other banking intents, other domains).
 - unseen: questions the head never saw. Each question family (the policies' questions,
@@ -86,6 +88,7 @@ from clef_guard.training.evaluate import SparrowDecisionModel, option_probabilit
 from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features
 from clef_guard.training.fit import calibrate_head, predict, train_head, trained_questions
+from clef_guard.training.suggest import suggest_examples, with_suggestions
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class Recipe:
     """The tasks whose tests score this head (every test when empty)."""
 
 
+UNLABELED = 3000
+"""readers --suggested: train requests (labels dropped, fixed seed) examples are suggested from."""
 SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated", "readers", "unseen")
 
 UNSEEN_FAMILIES: dict[str, tuple[tuple[str, int | None], ...]] = {  # its tasks, and the options their choices keep
@@ -202,6 +207,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200, help="test rows per test set (fixed seed)")
     parser.add_argument("--head", help="a head file to score next to the shipped one")
     parser.add_argument("--shots", type=int, action="append", help="readers: example texts a label, from the train split (repeat; default 10)")
+    parser.add_argument(
+        "--suggested", type=int, action="append", help=f"readers: also label names plus this many examples a label suggested from {UNLABELED:,} unlabeled train requests (repeat)"
+    )
     parser.add_argument("--train-limit", type=int, default=200, help="unseen: train rows of each task a head learns from")
     parser.add_argument("--sparrow", action="store_true", help="also score sparrow-decider on the test rows (same states)")
     parser.add_argument("--save-heads", type=Path, help="write each recipe's head to this folder (named by the recipe)")
@@ -286,6 +294,12 @@ def main() -> None:
             for n in shots:
                 (asked,) = parse_questions({"q": with_examples(rows[0].question, part.task, n)})
                 name = "sentence encoder" + (f", {n} train examples a label" if n else "")
+                readings[name] = [encoder.probabilities(r.state, asked) for r in rows]
+            for n in args.suggested or ():
+                unlabeled = [str(r.state) for r in load_task(part.task, "train", limit=UNLABELED, seed=1)]
+                suggested = with_suggestions(rows[0].question, suggest_examples(encoder, rows[0].question, unlabeled, per_option=n))
+                (asked,) = parse_questions({"q": suggested})
+                name = f"sentence encoder, label names + {n} suggested a label from {len(unlabeled):,} unlabeled train requests"
                 readings[name] = [encoder.probabilities(r.state, asked) for r in rows]
         for name, distributions in readings.items():
             for subset, kept in subsets(rows):

@@ -7,6 +7,8 @@
     clef-guard train --task NAME... --out DIR     fit a decision head on cached backbone features
     clef-guard calibrate --head FILE --task NAME  temperature, ECE/Brier, reliability PNG, thresholds
     clef-guard eval --task NAME --split test      accuracy, macro-F1, ECE, Brier, p50 latency (or --data FILE.jsonl)
+    clef-guard suggest-examples --policy FILE --texts FILE
+                                                  draft a choice's examples from unlabeled requests (YAML to review)
     clef-guard serve [--host H] [--port P] [--api-key-env NAME]
                                                   serve the engine over HTTP (System One API)
 """
@@ -74,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--request-timeout-s", type=float, default=None, help="requests not answered by then get 504")
     args = parser.parse_args(argv)
     console = Console()
-    if args.command in ("train", "calibrate", "eval", "train-screen"):
+    if args.command in training_cli.COMMANDS:
         try:
             return training_cli.run(args, console)
         except ClefGuardError as exc:

