@@ -35,9 +35,10 @@ when serving, so a rerun only pays for what is new.
   labels alone and with ``--shots`` example texts a label drawn from the train split (fixed
   seed), and with ``--suggested`` examples a label that :mod:`clef_guard.training.suggest`
   picked from 3,000 of the train split's requests with their labels dropped (what
-  ``clef-guard suggest-examples`` drafts from a deployment's unlabeled traffic). Sets with an ``oos`` option report ``none_auroc`` (how well P(oos) tells the
-  out-of-scope rows from the rest); BANKING77-OOS also with each kind of out-of-scope row
-  alone (other banking intents, other domains).
+  ``clef-guard suggest-examples`` drafts from a deployment's unlabeled traffic). Sets with
+  an ``oos`` option report ``none_auroc`` (how well P(oos) tells the out-of-scope rows from
+  the rest); BANKING77-OOS also with each kind of out-of-scope row alone (other banking
+  intents, other domains).
 - unseen: questions the head never saw. Each question family (the policies' questions,
   MetaTool, InjecGuard, R-Judge + ASSEBench's "unsafe?", tool use, CLINC150 with 8 listed
   intents, and families no shipped head trained on: SNIPS asked "Is the user asking to
