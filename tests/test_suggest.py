@@ -109,3 +109,9 @@ def test_the_command_writes_the_yaml_and_names_what_is_wrong(tmp_path: Path, cap
 
 def _parsed(question: Choice) -> ParsedQuestion:
     return parse_questions({"q": question})[0]
+
+
+def test_labels_yaml_would_misread_are_quoted(encoder: Encoder) -> None:
+    question = Choice(instructions="Is this about money?", criteria={"yes": "About money.", "no": "About anything else.", "maybe later": None})
+    criteria = yaml.safe_load(suggestions_yaml(question, suggest_examples(encoder, question, list(UNLABELED)), heading="h"))["criteria"]
+    assert list(criteria) == ["yes", "no", "maybe later"]

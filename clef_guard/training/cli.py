@@ -103,6 +103,10 @@ def add_commands(commands: Any) -> None:
     train.add_argument("--label-smoothing", type=float, default=None)
     train.add_argument("--brier-weight", type=float, default=None)
     train.add_argument(
+        "--train-seed", type=int, default=None,
+        help="seed of the head's initial weights and batch order (default 0); --seed draws the --limit sample",
+    )
+    train.add_argument(
         "--lora-layers", type=int, default=0, metavar="K",
         help="then train LoRA on the top K decoder layers with the head (0: head only); --out becomes an adapter "
         "folder, and a folder holding an unfinished run resumes it",
@@ -295,7 +299,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     feature_s = time.perf_counter() - started
     overrides = {
         "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight,
-        "anchor": args.anchor,
+        "anchor": args.anchor, "seed": args.train_seed,
     }
     config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
     init = _init_head(args, engine)

@@ -19,6 +19,7 @@ prune and paste). :func:`with_suggestions` adds them to a question, as the bench
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,9 @@ PER_OPTION = 20
 """Suggestions an option gets by default: chosen on the dev splits of BANKING77, HWU64 and
 CLINC150 with 3,000 unlabeled train requests each (10 a label: 0.677 / 0.600 / 0.767; 20:
 0.687 / 0.615 / 0.761; label words alone 0.631 / 0.546 / 0.690)."""
+
+_YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+"""Bare words YAML reads as something other than text."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,9 @@ def suggestions_yaml(question: Choice, suggestions: Mapping[str, Sequence[Sugges
     for label, value in question.criteria.items():
         description, own, added = _option(value, suggestions.get(label, ()))
         if not added:
-            lines.append(f"  {_flow(label)}: {_flow(value)}")
+            lines.append(f"  {_key(label)}: {_flow(value)}")
             continue
-        lines += [f"  {_flow(label)}:", f"    description: {_flow(description)}", "    examples:"]
+        lines += [f"  {_key(label)}:", f"    description: {_flow(description)}", "    examples:"]
         lines += [f"      - {_flow(text)}" for text in own]
         lines += [f"      - {_flow(s.text)}  # suggested: cosine {s.cosine:.2f}, margin {s.margin:.2f}" for s in added]
     return "\n".join(lines) + "\n"
@@ -125,6 +129,12 @@ def _flow(value: Any) -> str:
     """``value`` as a one-line YAML flow value: JSON, with every character YAML would not read
     as itself (line and paragraph separators, controls) escaped."""
     return "".join(c if c.isprintable() or c == " " else f"\\U{ord(c):08x}" for c in json.dumps(value, ensure_ascii=False))
+
+
+def _key(label: str) -> str:
+    """An option's label as a YAML key: bare when YAML reads it back as that text, else quoted."""
+    plain = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", label) and label.lower() not in _YAML_WORDS
+    return label if plain else _flow(label)
 
 
 def _one_line(text: str) -> str:
