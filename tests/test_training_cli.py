@@ -102,6 +102,11 @@ def test_a_task_can_name_its_own_option_count(tmp_path: Path, capsys: pytest.Cap
             "--features", str(tmp_path / "features"), "--out", str(tmp_path / "head"), "--json"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 4  # the same two rows, listed with 8 options and read wide
+    reseeded = [*argv[:-2], str(tmp_path / "reseeded"), "--json", "--train-seed", "1"]
+    assert main(reseeded) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["seed"] == 1
+    head = "decision_head.safetensors"
+    assert (tmp_path / "head" / head).read_bytes() != (tmp_path / "reseeded" / head).read_bytes()
     assert main(["train", "--task", "clinc150:many", "--out", str(tmp_path / "bad")]) != 0
     assert "NAME[:K][@N]" in capsys.readouterr().err
 
