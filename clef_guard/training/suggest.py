@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from langchain_core.decisions import Choice
 
 from clef_guard.engine.encoder import Encoder, is_none_label, none_cosine
@@ -35,6 +36,8 @@ PER_OPTION = 20
 CLINC150 with 3,000 unlabeled train requests each (10 a label: 0.677 / 0.600 / 0.767; 20:
 0.687 / 0.615 / 0.761; label words alone 0.631 / 0.546 / 0.690)."""
 
+_CHUNK = 512
+"""Texts read between two progress reports."""
 _YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
 """Bare words YAML reads as something other than text."""
 
@@ -52,12 +55,18 @@ class Suggestion:
 
 
 def suggest_examples(
-    encoder: Encoder, question: Choice, texts: Sequence[str], *, per_option: int = PER_OPTION
+    encoder: Encoder,
+    question: Choice,
+    texts: Sequence[str],
+    *,
+    per_option: int = PER_OPTION,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, list[Suggestion]]:
     """For each topical option of ``question`` (not "none of these"), up to ``per_option`` of
     ``texts`` that the encoder reads as clearly about it, clearest first. Blank texts, repeats
     and texts that already are an option's example are skipped; every option gets a list, empty
-    when no text fits. Raises :class:`ClefGuardError` when ``per_option`` is out of range."""
+    when no text fits. ``on_progress(done, total)`` follows the reading of the texts. Raises
+    :class:`ClefGuardError` when ``per_option`` is out of range."""
     if not 1 <= per_option <= MAX_EXAMPLES:
         raise ClefGuardError(f"per_option is how many examples an option gets: 1 to {MAX_EXAMPLES}, not {per_option}")
     (parsed,) = parse_questions({"question": question})
@@ -68,9 +77,14 @@ def suggest_examples(
     if not unique or not topical:
         return suggestions
     floor = none_cosine(parsed)
-    cosines = encoder.cosines(encoder.embed(unique), parsed)[topical].T  # [texts, topical options]
+    vectors = []
+    for start in range(0, len(unique), _CHUNK):
+        vectors.append(encoder.embed(unique[start : start + _CHUNK]))
+        if on_progress is not None:
+            on_progress(start + len(vectors[-1]), len(unique))
+    cosines = encoder.cosines(torch.cat(vectors), parsed)[topical].T  # [texts, topical options]
     if len(topical) == 1:
-        best, second, owner = cosines[:, 0], cosines.new_full((len(unique),), floor), cosines.new_zeros(len(unique), dtype=int)
+        best, second, owner = cosines[:, 0], torch.full_like(cosines[:, 0], floor), torch.zeros(len(unique), dtype=torch.long)
     else:
         top = cosines.topk(2, dim=1)
         best, second, owner = top.values[:, 0], top.values[:, 1], top.indices[:, 0]
