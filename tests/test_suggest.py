@@ -100,6 +100,11 @@ def test_the_command_writes_the_yaml_and_names_what_is_wrong(tmp_path: Path, cap
     assert main(["suggest-examples", "--policy", "support-routing", "--texts", str(requests), "--out", str(out)]) == 0
     criteria = yaml.safe_load(out.read_text(encoding="utf-8"))["criteria"]
     assert "The April invoice lists our old company address." in criteria["billing"]["examples"]
+    assert main(["suggest-examples", "--policy", "support-routing", "--texts", str(requests), "--per-option", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["texts"] == len(UNLABELED) and set(report["suggestions"]) == {"billing", "technical", "account", "sales"}
+    assert [len(found) for found in report["suggestions"].values()] == [1, 1, 1, 1]
+    assert {"text", "cosine", "margin"} == set(report["suggestions"]["sales"][0])
     requests.write_text('{"text": "fine"}\n{"words": "no text field"}\n', encoding="utf-8")
     assert main(["suggest-examples", "--policy", "support-routing", "--texts", str(requests)]) == 2
     assert "requests.jsonl:2: a row needs a 'text' field" in " ".join(capsys.readouterr().err.split())

