@@ -57,6 +57,13 @@ def test_intent_sets_have_every_intent_as_an_option() -> None:
     assert "oos" in clinc.question.criteria
 
 
+def test_home_assistant_keeps_each_group_of_paraphrases_in_one_split() -> None:
+    groups = {split: {e.id.rsplit(":", 1)[0] for e in load_task("home-assistant", split)} for split in SPLITS}
+    assert not groups["train"] & groups["test"] and not groups["dev"] & groups["test"] and not groups["train"] & groups["dev"]
+    (row,) = load_task("home-assistant", "test", limit=1)
+    assert len(row.question.criteria) == 33 and all(row.question.criteria.values())  # every intent described in words
+
+
 def test_banking77_oos_holds_out_intents_and_domains_as_out_of_scope() -> None:
     splits = {split: load_task("banking77-oos", split) for split in SPLITS}
     options = set(splits["train"][0].question.criteria)
@@ -87,7 +94,7 @@ def test_sampled_options_keep_the_answer_and_are_reproducible() -> None:
         sample_options(rows, 1)
 
 
-@pytest.mark.parametrize("task", ["banking77", "metatool", "injecguard"])
+@pytest.mark.parametrize("task", ["banking77", "metatool", "injecguard", "home-assistant"])
 def test_splits_made_here_are_disjoint(task: str) -> None:
     splits = {split: load_task(task, split) for split in SPLITS}
     ids = {split: {example.id for example in examples} for split, examples in splits.items()}

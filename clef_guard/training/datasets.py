@@ -29,6 +29,8 @@ severity     (ambiguous rows are borderline)
 snips-asks   Noul: "Is the user asking to ...?",   train/            valid/        test/
              its own intent or another (half
              each, seeded per row)
+home-        Choice: 33 smart-home intents, each   seeded 55% of     15% of the    30% of the
+assistant    described in words                    the test groups   groups        groups
 tool-output  the prompt-injection policy's         8 result kinds,   2 kinds,      4 kinds,
              question on generated tool results    4 attack styles   1 style       3 styles
              (``training.rows.tool_outputs``)
@@ -72,6 +74,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import yaml
 from langchain_core.decisions import Choice, Noul, NoulCriteria, Score
 
 from clef_guard.errors import ClefGuardError
@@ -325,6 +328,62 @@ _SNIPS_ASKS = {  # SNIPS intent -> what "Is the user asking to ...?" names it
 }
 
 
+HOME_ASSISTANT_INTENTS = {
+    "HassTurnOn": "turn a device, light or switch on, open a cover or lock, start something",
+    "HassTurnOff": "turn a device, light or switch off, close a cover, stop something",
+    "HassGetState": "ask about the state of something at home: is it on, open, locked, how many are",
+    "HassLightSet": "change a light's brightness or colour",
+    "HassSetPosition": "set a cover, blind or valve to a position",
+    "HassClimateSetTemperature": "set the thermostat to a temperature",
+    "HassClimateGetTemperature": "ask what the temperature is inside",
+    "HassGetWeather": "ask about the weather",
+    "HassGetCurrentTime": "ask what time it is",
+    "HassGetCurrentDate": "ask what the date is",
+    "HassStartTimer": "start a timer",
+    "HassCancelTimer": "cancel a timer",
+    "HassCancelAllTimers": "cancel every timer",
+    "HassIncreaseTimer": "add time to a timer",
+    "HassDecreaseTimer": "take time off a timer",
+    "HassPauseTimer": "pause a timer",
+    "HassUnpauseTimer": "resume a paused timer",
+    "HassTimerStatus": "ask how much time a timer has left",
+    "HassMediaPause": "pause the music or video",
+    "HassMediaUnpause": "resume the music or video",
+    "HassMediaNext": "skip to the next track",
+    "HassMediaPrevious": "go back to the previous track",
+    "HassMediaSearchAndPlay": "find and play a song, album or artist",
+    "HassSetVolume": "set the volume",
+    "HassVacuumStart": "start the robot vacuum",
+    "HassVacuumReturnToBase": "send the robot vacuum back to its dock",
+    "HassShoppingListAddItem": "add an item to the shopping list",
+    "HassShoppingListCompleteItem": "check an item off the shopping list",
+    "HassListAddItem": "add an item to a named list",
+    "HassListCompleteItem": "check an item off a named list",
+    "HassBroadcast": "announce a message on every speaker in the house",
+    "HassNevermind": "never mind: cancel the request",
+    "HassRespond": "answer the assistant's question or reply to it",
+}
+"""home-assistant's 33 intents, each described once in words (its names alone are code words)."""
+
+
+def _home_assistant(root: Path, split: str) -> list[Example]:
+    """Each test file's groups of sentences (paraphrases of one request), split by group so no
+    paraphrase of a test sentence is in train; every sentence an example."""
+    question = Choice(instructions="Which smart-home action does the user ask for?", criteria=HOME_ASSISTANT_INTENTS)
+    groups = [
+        (f"{path.stem}:{i}", group)
+        for path in sorted((root / "home_assistant_intents" / "tests" / "en").glob("*.yaml"))
+        if not path.name.startswith("_")
+        for i, group in enumerate(yaml.safe_load(_read(path)).get("tests") or [])
+    ]
+    picked = seeded_split("home-assistant", groups, dev=0.15, test=0.3)[split]
+    return [
+        Example(f"{key}:{j}", sentence, question, group["intent"]["name"])
+        for key, group in picked
+        for j, sentence in enumerate(group["sentences"])
+    ]
+
+
 def _snips_asks(root: Path, split: str) -> list[Example]:
     """SNIPS requests asked "Is the user asking to <intent>?": their own intent or another, half each (seeded per row)."""
     examples = []
@@ -404,6 +463,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "assebench-risk": partial(_trajectories, folder="assebench_security", file="AgentJudge-security.json", ask="risk"),
     "assebench-severity": partial(_trajectories, folder="assebench_security", file="AgentJudge-security.json", ask="severity"),
     "snips-asks": _snips_asks,
+    "home-assistant": _home_assistant,
     "rjudge": partial(_trajectories, folder="rjudge", file="rjudge.json"),
     "metatool": _metatool,
     "injecguard": _injecguard,
