@@ -296,9 +296,11 @@ def main() -> None:
                 (asked,) = parse_questions({"q": with_examples(rows[0].question, part.task, n)})
                 name = "sentence encoder" + (f", {n} train examples a label" if n else "")
                 readings[name] = [encoder.probabilities(r.state, asked) for r in rows]
-            for n in args.suggested or ():
+            if args.suggested:  # an option's first n suggestions are what per_option=n suggests: read the texts once
                 unlabeled = [str(r.state) for r in load_task(part.task, "train", limit=UNLABELED, seed=1)]
-                suggested = with_suggestions(rows[0].question, suggest_examples(encoder, rows[0].question, unlabeled, per_option=n))
+                found = suggest_examples(encoder, rows[0].question, unlabeled, per_option=max(args.suggested))
+            for n in args.suggested or ():
+                suggested = with_suggestions(rows[0].question, {label: kept[:n] for label, kept in found.items()})
                 (asked,) = parse_questions({"q": suggested})
                 name = f"sentence encoder, label names + {n} suggested a label from {len(unlabeled):,} unlabeled train requests"
                 readings[name] = [encoder.probabilities(r.state, asked) for r in rows]

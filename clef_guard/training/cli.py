@@ -173,14 +173,9 @@ def add_commands(commands: Any) -> None:
     suggest.add_argument("--json", action="store_true", help="print one JSON object (option -> suggestions) instead of YAML")
 
 
-COMMANDS = ("train", "calibrate", "eval", "train-screen", "suggest-examples")
-"""The commands this module adds and runs."""
-
-
 def run(args: argparse.Namespace, console: Console) -> int:
     """Dispatch one of :data:`COMMANDS`."""
-    commands = {"train": _train, "calibrate": _calibrate, "eval": _eval, "train-screen": _train_screen, "suggest-examples": _suggest}
-    return commands[args.command](args, console)
+    return _RUNS[args.command](args, console)
 
 
 @contextmanager
@@ -614,3 +609,8 @@ def _unlabeled(path: Path) -> list[str]:
             raise ClefGuardError(f"{path}:{number}: a row needs a 'text' field holding a string")
         texts.append(row["text"])
     return texts
+
+
+_RUNS = {"train": _train, "calibrate": _calibrate, "eval": _eval, "train-screen": _train_screen, "suggest-examples": _suggest}
+COMMANDS = tuple(_RUNS)
+"""The commands this module adds and runs."""

@@ -71,7 +71,8 @@ def suggest_examples(
         raise ClefGuardError(f"per_option is how many examples an option gets: 1 to {MAX_EXAMPLES}, not {per_option}")
     (parsed,) = parse_questions({"question": question})
     known = {text.strip() for shown in parsed.examples for text in shown}
-    unique = list(dict.fromkeys(t.strip() for t in texts if t.strip() and t.strip() not in known))
+    stripped = (text.strip() for text in texts)
+    unique = list(dict.fromkeys(text for text in stripped if text and text not in known))
     topical = [i for i, label in enumerate(parsed.options) if not is_none_label(label)]
     suggestions: dict[str, list[Suggestion]] = {parsed.options[i]: [] for i in topical}
     if not unique or not topical:
