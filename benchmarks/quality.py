@@ -41,9 +41,9 @@ when serving, so a rerun only pays for what is new.
   intents, other domains).
 - unseen: questions the head never saw. Each question family (the policies' questions,
   MetaTool, InjecGuard, R-Judge + ASSEBench's "unsafe?", tool use, CLINC150 with 8 listed
-  intents, and families no shipped head trained on: SNIPS asked "Is the user asking to
-  ...?", ASSEBench's risk type as a 6-way choice and its severity as a 0-2 score, HWU64
-  with 5 listed intents) is left out of one head's training (``--train-limit`` train rows
+  intents, and families no shipped head trained on: SNIPS and home-assistant requests asked
+  "Is the user asking to ...?", ASSEBench's risk type as a 6-way choice and its severity as
+  a 0-2 score, HWU64 with 5 listed intents) is left out of one head's training (``--train-limit`` train rows
   of every other task, the shipped recipe; temperatures on half as many dev rows of each) and that
   head is scored on the family's test rows, beside the backbone alone, the shipped head
   (which saw the first six families), a head trained the same way on every family (what a
@@ -131,6 +131,7 @@ UNSEEN_FAMILIES: dict[str, tuple[tuple[str, int | None], ...]] = {  # its tasks,
     "when to call a tool": (("tool-use", None),),
     "intent, 8 listed (CLINC150)": (("clinc150", 8),),
     "asks to (SNIPS)": (("snips-asks", None),),
+    "asks to (home-assistant)": (("home-assistant-asks", None),),
     "risk type (ASSEBench)": (("assebench-risk", None),),
     "how unsafe (ASSEBench)": (("assebench-severity", None),),
     "intent, 5 listed (HWU64)": (("hwu64", 5),),
@@ -283,7 +284,7 @@ def main() -> None:
         }
         for name in [n for n in readings if n in scored_on]:  # the held-out heads, without their familiarity too
             readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
-            sure = [engine.sure_encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
+            sure = [engine.encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
             if any(s is not None for s in sure):  # as the engine serves it: the encoder where it is sure
                 readings[f"{name}, head alone"] = readings[name]
                 readings[name] = [d if s is None else s for s, d in zip(sure, readings[name], strict=True)]

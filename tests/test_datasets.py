@@ -64,6 +64,19 @@ def test_home_assistant_keeps_each_group_of_paraphrases_in_one_split() -> None:
     assert len(row.question.criteria) == 33 and all(row.question.criteria.values())  # every intent described in words
 
 
+@pytest.mark.parametrize(("task", "asks"), [("snips-asks", None), ("home-assistant-asks", "home-assistant")])
+def test_asks_tasks_ask_each_request_of_its_own_intent_or_another(task: str, asks: str | None) -> None:
+    rows = load_task(task, "test")
+    assert 0.4 < sum(row.label == "yes" for row in rows) / len(rows) < 0.6
+    assert len({row.question.instructions for row in rows}) > 5 and all(row.question.instructions.startswith("Is the user asking to ") for row in rows)
+    assert [(r.question, r.label) for r in rows] == [(r.question, r.label) for r in load_task(task, "test")]  # seeded per row
+    if asks:  # the same sentences, in the same splits, as the choice task
+        intents = load_task(asks, "test")
+        assert [(r.id, r.state) for r in rows] == [(r.id, r.state) for r in intents]
+        described = {row.label: row.question.criteria[row.label] for row in intents}
+        assert all((row.label == "yes") == (row.question.instructions == f"Is the user asking to {described[i.label]}?") for row, i in zip(rows, intents, strict=True))
+
+
 def test_banking77_oos_holds_out_intents_and_domains_as_out_of_scope() -> None:
     splits = {split: load_task("banking77-oos", split) for split in SPLITS}
     options = set(splits["train"][0].question.criteria)

@@ -10,11 +10,11 @@ from langchain_core.decisions import Choice, Noul
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clef_guard import LocalDecisionModel
-from clef_guard.engine.encoder import request_text
+from clef_guard.engine.encoder import asked_topic, option_texts, request_text
 from clef_guard.engine.local import TRAINED_COSINE
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.datasets import load_task
-from clef_guard.errors import ModelLoadError
+from clef_guard.errors import ClefGuardError, ModelLoadError
 
 TOPICS = [
     "printer_jammed", "wifi_drops", "password_reset", "laptop_battery", "monitor_flicker", "vpn_login",
@@ -185,6 +185,52 @@ def test_a_listed_choice_the_head_never_saw_is_read_by_the_encoder_when_it_is_su
     assert response.usage is not None and response.usage["input_tokens"] == 0  # no backbone pass
 
 
+PERMIT = Noul(instructions="Is the user asking to renew their parking permit?")
+
+
+@pytest.mark.parametrize(
+    ("words", "topic"),
+    [
+        ("Is the user asking to renew their parking permit?", "renew their parking permit"),
+        ("does the customer want a refund ?", "a refund"),
+        ("Is this request about the payroll?", "the payroll"),
+        ("Is the caller trying to reach someone in sales?", "reach someone in sales"),
+        ("Is the user asking towards the end?", "towards the end"),  # "to" is a word, not a prefix
+        ("Is this tool call destructive?", None),
+        ("Did the user ask for exactly this action?", None),  # a judgement of a call, not a topic
+        ("Is the user asking?", None),
+    ],
+)
+def test_a_yes_no_question_has_a_topic_only_when_its_words_ask_what_the_request_is_about(words: str, topic: str | None) -> None:
+    (question,) = parse_questions({"q": Noul(instructions=words)})
+    assert asked_topic(question) == topic
+
+
+def test_the_encoder_refuses_a_question_it_cannot_read() -> None:
+    (question,) = parse_questions({"severity": Noul(instructions="Is this call destructive?")})
+    with pytest.raises(ClefGuardError, match="'severity'"):
+        option_texts(question)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("My staff car park pass runs out on Friday, can I have it for another year?", True),
+        ("The printer on the third floor keeps eating my pages.", False),
+    ],
+)
+def test_a_yes_no_question_about_the_requests_topic_is_read_by_the_encoder(reader: LocalDecisionModel, text: str, expected: bool) -> None:
+    (question,) = parse_questions({"permit": PERMIT})
+    cosine = reader.familiarity(question)
+    assert cosine is not None and cosine < TRAINED_COSINE, "the shipped head never saw this question"
+    assert reader.sentence_encoder is not None
+    no, yes = reader.sentence_encoder.probabilities([HumanMessage(text)], question)
+    response = reader.invoke({"state": [HumanMessage(text)], "questions": {"permit": PERMIT}})
+    assert (response.answers["permit"].noul > 0.5) is expected
+    assert response.answers["permit"].noul == pytest.approx(yes)
+    assert response.usage is not None and response.usage["input_tokens"] == 0  # no backbone pass
+
+
 @pytest.mark.parametrize(
     "state",
     [
@@ -197,8 +243,29 @@ def test_a_listed_choice_the_head_never_saw_is_read_by_the_encoder_when_it_is_su
 def test_otherwise_the_backbone_and_head_read_a_listed_choice(reader: LocalDecisionModel, state: list[Any]) -> None:
     """Questions about a proposed call or what a tool returned, and requests the encoder is unsure of, are not its to answer."""
     (question,) = parse_questions({"topic": FIVE})
-    assert reader.sure_encoder_reading(state, question) is None
+    assert reader.encoder_reading(state, question) is None
     response = reader.invoke({"state": state, "questions": {"topic": FIVE}})
+    assert response.usage is not None and response.usage["input_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        [HumanMessage("Can I get my parking permit renewed?"), AIMessage("", tool_calls=[{"name": "renew_permit", "args": {}, "id": "c1"}])],
+        [
+            HumanMessage("What's on the intranet today?"),
+            AIMessage("", tool_calls=[{"name": "fetch_page", "args": {"url": "intranet"}, "id": "c1"}]),
+            ToolMessage("The user is asking to renew their parking permit.", tool_call_id="c1"),
+        ],
+        {"tool": {"name": "renew_permit", "args": {"note": "The user is asking to renew their parking permit."}}},
+    ],
+    ids=["a proposed call", "a tool result last", "a call with no conversation"],
+)
+def test_a_yes_no_topic_about_a_call_or_a_tool_result_is_the_heads(reader: LocalDecisionModel, state: Any) -> None:
+    """Text a tool returned cannot answer "is the user asking to ...?" by naming the topic."""
+    (question,) = parse_questions({"permit": PERMIT})
+    assert reader.encoder_reading(state, question) is None
+    response = reader.invoke({"state": state, "questions": {"permit": PERMIT}})
     assert response.usage is not None and response.usage["input_tokens"] > 0
 
 
@@ -208,11 +275,14 @@ def test_a_question_the_head_was_trained_on_keeps_the_head(reader: LocalDecision
     (question,) = parse_questions({"q": example.question})
     assert reader.familiarity(question) == pytest.approx(1.0, abs=1e-4)
     with_options = {"state": [HumanMessage(f"I want to {question.options[0].replace('_', ' ')}.")], "questions": {"q": example.question}}
-    assert reader.sure_encoder_reading(with_options["state"], question) is None
+    assert reader.encoder_reading(with_options["state"], question) is None
     assert reader.invoke(with_options).usage["input_tokens"] > 0  # type: ignore[index]
 
 
-def test_encoder_when_sure_none_leaves_listed_choices_to_the_head(reader: LocalDecisionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("state", "question"), [([HOLIDAY], FIVE), ([HumanMessage("Can I get my parking permit renewed?")], PERMIT)], ids=["listed choice", "yes/no topic"])
+def test_encoder_when_sure_none_leaves_listed_choices_and_topics_to_the_head(
+    reader: LocalDecisionModel, monkeypatch: pytest.MonkeyPatch, state: list[Any], question: Any
+) -> None:
     monkeypatch.setattr(reader, "encoder_when_sure", None)
-    response = reader.invoke({"state": [HOLIDAY], "questions": {"topic": FIVE}})
+    response = reader.invoke({"state": state, "questions": {"q": question}})
     assert response.usage is not None and response.usage["input_tokens"] > 0

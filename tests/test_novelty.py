@@ -56,7 +56,7 @@ def test_a_shipped_policy_question_keeps_the_heads_answer(engine: LocalDecisionM
 
 
 def test_an_unfamiliar_question_keeps_its_choice_and_loses_confidence(engine: LocalDecisionModel, forgetful: LocalDecisionModel) -> None:
-    question = {"q": Noul(instructions="Is the user asking to rate a book?")}
+    question = {"q": Noul(instructions="Does this review praise the book?")}
     served, plain = (e.invoke({"state": STATE, "questions": question}) for e in (engine, forgetful))
     assert served.familiarity["q"] < 0.75
     p, q = served.answers["q"].noul, plain.answers["q"].noul
@@ -68,7 +68,7 @@ def test_an_unfamiliar_question_keeps_its_choice_and_loses_confidence(engine: Lo
 
 def test_the_encoder_read_questions_and_the_backbone_alone_have_no_familiarity(engine: LocalDecisionModel) -> None:
     backbone = LocalDecisionModel(default_head=False)
-    question = {"q": Noul(instructions="Is the user asking to rate a book?")}
+    question = {"q": Noul(instructions="Does this review praise the book?")}
     assert backbone.invoke({"state": STATE, "questions": question}).familiarity == {}
     (parsed,) = parse_questions({"q": Noul(instructions="Is it raining?")})
     assert question_text(parsed) == "Is it raining?"
@@ -76,7 +76,7 @@ def test_the_encoder_read_questions_and_the_backbone_alone_have_no_familiarity(e
 
 def test_familiarity_can_be_asked_for_another_head(engine: LocalDecisionModel) -> None:
     """Benchmarks score several heads over one backbone; each reports its own questions' familiarity."""
-    (rate,) = parse_questions({"q": Noul(instructions="Is the user asking to rate a book?")})
+    (rate,) = parse_questions({"q": Noul(instructions="Does this review praise the book?")})
     other = DecisionHead(576)
     other.questions = (question_text(rate),)
     own = engine.familiarity(rate)

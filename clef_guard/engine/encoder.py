@@ -22,11 +22,19 @@ when no other option is that close to the request. The probability it gets is th
 threshold on the best match, the strongest out-of-scope score measured for this encoder
 (docs/results.md). When it carries examples of what is out of scope, it scores as the closer
 of that floor and its examples.
+
+A yes/no question whose words ask what the user's request is about ("Is the user asking to
+...?", "Does the user want ...?", "Is the request about ...?": :func:`asked_topic`) is a
+one-option route: its topic is scored against a floor of its own (:data:`NOUL_COSINE`), so
+P(yes) is the logistic of :data:`ENCODER_SCALE` times the request's cosine to the topic less
+that floor.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import threading
 import zipfile
 from collections import OrderedDict
@@ -40,7 +48,7 @@ from clef_guard.engine.backbone import cache_dir
 from clef_guard.engine.prompt import label_text
 from clef_guard.engine.requests import ParsedQuestion
 from clef_guard.engine.state import content_text, message_kind, state_messages, state_segments
-from clef_guard.errors import ModelLoadError
+from clef_guard.errors import ClefGuardError, ModelLoadError
 
 EMBEDDED_ENCODER = "all-minilm-l6-v2"
 """Name of the embedded sentence encoder (``LocalDecisionModel(encoder=...)``'s default)."""
@@ -56,8 +64,20 @@ the log-loss fit on CLINC150's dev split (3,000 requests and 100 out of scope)."
 NONE_COSINE_WITH_EXAMPLES = 0.37
 """The same fit when the options carry examples (5 or 10 train texts a label, pooled): an option
 with examples lies closer to the requests it stands for than a label's words do."""
+NOUL_COSINE = 0.24
+"""The cosine at which a request is as likely as not about a yes/no question's topic
+(:func:`asked_topic`): the log-loss fit, at :data:`ENCODER_SCALE`, on CLINC150's dev split asked
+"Is the user asking about <label>?" of its own label or another, half each (2,901 requests)."""
 MAX_TOKENS = 256
 """Longest text the encoder reads (all-MiniLM-L6-v2 was trained on up to 256 word pieces); the end is kept."""
+_ASKER = r"(?:the\s+|this\s+)?(?:user|customer|caller|person|client)"
+_ASKED_TOPIC = re.compile(
+    rf"(?:is|are)\s+{_ASKER}\s+(?:asking|trying|wanting|looking|requesting)(?:\s+(?:to|for|about))?\b"
+    rf"|does\s+{_ASKER}\s+(?:want|ask|request)(?:\s+(?:to|for|about))?\b"
+    r"|is\s+(?:the\s+|this\s+)?(?:user's\s+|customer's\s+)?(?:request|message|question)\s+about\b",
+    re.IGNORECASE,
+)
+"""The openings of a yes/no question that asks what the user's request is about."""
 _DIST = "all_minilm_l6_v2"
 _CACHE_SIZE = 8192
 
@@ -136,8 +156,7 @@ class Encoder:
             if cached is not None:
                 self._options.move_to_end(question.key)
                 return cached
-        examples = question.examples or ((),) * len(question.options)
-        texts = [[label_text(label, text), *shown] for label, text, shown in zip(question.options, question.descriptions, examples, strict=True)]
+        texts = option_texts(question)
         flat = self.embed([text for option in texts for text in option])
         sizes = [len(option) for option in texts]
         centroids = torch.stack([torch.nn.functional.normalize(part.mean(0), dim=0) for part in flat.split(sizes)])
@@ -165,15 +184,42 @@ class Encoder:
         return cosines if query.dim() > 1 else cosines[:, 0]
 
     def probabilities(self, state: Any, question: ParsedQuestion) -> list[float]:
-        """Each option's probability of being what ``state``'s request is about."""
+        """Each option's probability of being what ``state``'s request is about; for a yes/no
+        question with a topic (:func:`asked_topic`), ``[P(no), P(yes)]``."""
         query = self.embed([request_text(state)])[0]
         cosines = self.cosines(query, question)
+        if question.kind == "noul":
+            yes = 1 / (1 + math.exp(-ENCODER_SCALE * (cosines[0].item() - NOUL_COSINE)))
+            return [1 - yes, yes]
         nones = [i for i, label in enumerate(question.options) if is_none_label(label)]
         if len(nones) < len(question.options):  # options that are all "none" keep their own cosines
             floor = none_cosine(question)
             for i in nones:
                 cosines[i] = max(floor, cosines[i].item()) if question.examples and question.examples[i] else floor
         return torch.softmax(ENCODER_SCALE * cosines.double(), dim=-1).tolist()
+
+
+def option_texts(question: ParsedQuestion) -> list[list[str]]:
+    """What the encoder reads of each option: its label in words and description, then its
+    examples; a yes/no question's one text is its topic (:func:`asked_topic`). Raises
+    :class:`ClefGuardError` for a question the encoder cannot read (a score, a noul without a topic)."""
+    if question.kind == "noul" and (topic := asked_topic(question)) is not None:
+        return [[topic]]
+    if question.kind != "choice":
+        raise ClefGuardError(f"question {question.id!r}: the sentence encoder reads choices and nouls that ask what the request is about")
+    examples = question.examples or ((),) * len(question.options)
+    return [[label_text(label, text), *shown] for label, text, shown in zip(question.options, question.descriptions, examples, strict=True)]
+
+
+def asked_topic(question: ParsedQuestion) -> str | None:
+    """What a yes/no question asks the user's request to be about, when its words open with
+    what :data:`_ASKED_TOPIC` names ("Is the user asking to book a table?" -> "book a table");
+    ``None`` for other questions (judgements such as "Is this call destructive?")."""
+    if question.kind != "noul" or not isinstance(question.instructions, str):
+        return None
+    opening = _ASKED_TOPIC.match(question.instructions.strip())
+    topic = question.instructions.strip()[opening.end() :].strip().rstrip("?").strip() if opening else ""
+    return topic or None
 
 
 def none_cosine(question: ParsedQuestion) -> float:

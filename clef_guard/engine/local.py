@@ -45,7 +45,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from clef_guard.engine.answers import build_answer
 from clef_guard.engine.backbone import EMBEDDED_MODEL, Backbone, load_backbone
 from clef_guard.engine.batching import EncodedRequest, Job, Prepared, packed
-from clef_guard.engine.encoder import EMBEDDED_ENCODER, Encoder, load_encoder
+from clef_guard.engine.encoder import EMBEDDED_ENCODER, Encoder, asked_topic, load_encoder
 from clef_guard.engine.head import (
     HEAD_FILE,
     WIDE_MATCH_SCALE,
@@ -164,7 +164,9 @@ class LocalDecisionModel(BaseDecisionModel):
     """A listed choice the head was not trained on (no head, or familiarity below :data:`TRAINED_COSINE`),
     asked about the user's request (the state ends with the user's turn or is plain text: never
     a proposed call or a tool result), is answered by the encoder when the encoder gives its best
-    option at least this probability; by the backbone and head otherwise. ``None``: never."""
+    option at least this probability; by the backbone and head otherwise. A yes/no question that
+    asks what the request is about ("Is the user asking to ...?": :func:`~clef_guard.engine.encoder.asked_topic`),
+    under the same conditions, is the encoder's whatever its odds. ``None``: neither."""
 
     _backbone: Backbone = PrivateAttr()
     _layout: PromptLayout = PrivateAttr()
@@ -290,14 +292,17 @@ class LocalDecisionModel(BaseDecisionModel):
                 memory = self._memories[head] = QuestionMemory(head.questions, encoder, name)
         return memory.cosine(question)
 
-    def sure_encoder_reading(self, state: State, question: ParsedQuestion, *, head: DecisionHead | None = None) -> list[float] | None:
-        """The encoder's probabilities for a listed ``question`` it answers in the head's place
-        (``encoder_when_sure``), or ``None`` where the backbone and head answer. ``head``: another
+    def encoder_reading(self, state: State, question: ParsedQuestion, *, head: DecisionHead | None = None) -> list[float] | None:
+        """The encoder's probabilities for a question it answers in the head's place, or ``None``
+        where the backbone and head answer: a listed choice when the encoder is sure
+        (``encoder_when_sure``), a yes/no question asking what the request is about
+        (:func:`~clef_guard.engine.encoder.asked_topic`) whatever its odds; either only when the
+        head was not trained on it and the state ends with the user's turn. ``head``: another
         head than the engine's (benchmarks score several over one backbone)."""
-        if self.encoder_when_sure is None or question.kind != "choice" or self.reads_with_encoder(question, head=head):
+        topic = asked_topic(question)
+        if self.encoder_when_sure is None or (question.kind != "choice" and topic is None) or self.reads_with_encoder(question, head=head):
             return None
-        messages = state_messages(state)
-        if messages and message_kind(messages[-1]) != "human":
+        if not is_request(state):
             return None
         head = head if head is not None else self._head
         if head is not None:
@@ -308,15 +313,15 @@ class LocalDecisionModel(BaseDecisionModel):
         if encoder is None:
             return None
         probabilities = encoder.probabilities(state, question)
-        return probabilities if max(probabilities) >= self.encoder_when_sure else None
+        return probabilities if topic is not None or max(probabilities) >= self.encoder_when_sure else None
 
     def _classify(self, state: State, questions: dict[str, Question]) -> ClassifierResponse:
         parsed = parse_questions(questions)
         by_encoder = {q.id for q in parsed if self.reads_with_encoder(q)}
         answers, familiarity = {}, {}
         for question in parsed:  # None for the questions the encoder reads anyway (by_encoder)
-            if (sure := self.sure_encoder_reading(state, question)) is not None:
-                answers[question.id] = build_answer(question, sure)
+            if (read := self.encoder_reading(state, question)) is not None:
+                answers[question.id] = build_answer(question, read)
         read = [q for q in parsed if q.id not in by_encoder and q.id not in answers]
         encoded = self.encode(state, read) if read else EncodedRequest([], 0, 0, 0)
         with torch.inference_mode():
@@ -574,3 +579,12 @@ class LocalDecisionModel(BaseDecisionModel):
             **({self._backbone.cache_kw: kv} if kv is not None else {}),
         )
         return Hidden(output.last_hidden_state[0], output.hidden_states[-2][0] if wide else None)
+
+
+def is_request(state: State) -> bool:
+    """Whether ``state`` is a user's request: text, or messages whose last is the user's turn.
+    Data that is neither (a proposed call alone, a record) is not, whatever text it holds."""
+    if isinstance(state, str):
+        return True
+    messages = state_messages(state)
+    return bool(messages) and message_kind(messages[-1]) == "human"

@@ -31,6 +31,9 @@ snips-asks   Noul: "Is the user asking to ...?",   train/            valid/     
              each, seeded per row)
 home-        Choice: 33 smart-home intents, each   seeded 55% of     15% of the    30% of the
 assistant    described in words                    the test groups   groups        groups
+home-        Noul: "Is the user asking to ...?",   home-assistant's  home-         home-
+assistant-   its own intent (described) or         train             assistant's   assistant's
+asks         another, half each                                      dev           test
 tool-output  the prompt-injection policy's         8 result kinds,   2 kinds,      4 kinds,
              question on generated tool results    4 attack styles   1 style       3 styles
              (``training.rows.tool_outputs``)
@@ -69,7 +72,7 @@ import json
 import os
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -385,13 +388,26 @@ def _home_assistant(root: Path, split: str) -> list[Example]:
 
 
 def _snips_asks(root: Path, split: str) -> list[Example]:
-    """SNIPS requests asked "Is the user asking to <intent>?": their own intent or another, half each (seeded per row)."""
+    """SNIPS requests asked "Is the user asking to <intent>?"."""
+    rows = _text_and_label(root / "snips" / _UPSTREAM_SPLIT[split])
+    return _asks("snips-asks", split, [(f"{split}:{i}", text, label) for i, (text, label) in enumerate(rows)], _SNIPS_ASKS)
+
+
+def _home_assistant_asks(root: Path, split: str) -> list[Example]:
+    """home-assistant's sentences asked "Is the user asking to <intent described>?"."""
+    rows = [(e.id, e.state, e.label) for e in _home_assistant(root, split)]
+    return _asks("home-assistant-asks", split, rows, HOME_ASSISTANT_INTENTS)
+
+
+def _asks(task: str, split: str, rows: Sequence[tuple[str, Any, str]], described: Mapping[str, str]) -> list[Example]:
+    """Each ``(id, request, intent)`` of ``rows`` asked "Is the user asking to <an intent as
+    ``described``>?": its own intent or another, half each (seeded per row)."""
     examples = []
-    for i, (text, label) in enumerate(_text_and_label(root / "snips" / _UPSTREAM_SPLIT[split])):
-        rng = random.Random(f"snips-asks:{split}:{i}")
-        asked = label if rng.random() < 0.5 else rng.choice(sorted(set(_SNIPS_ASKS) - {label}))
-        question = Noul(instructions=f"Is the user asking to {_SNIPS_ASKS[asked]}?")
-        examples.append(Example(f"{split}:{i}", text, question, _yes_no(asked == label)))
+    for i, (row_id, text, label) in enumerate(rows):
+        rng = random.Random(f"{task}:{split}:{i}")
+        asked = label if rng.random() < 0.5 else rng.choice(sorted(set(described) - {label}))
+        question = Noul(instructions=f"Is the user asking to {described[asked]}?")
+        examples.append(Example(row_id, text, question, _yes_no(asked == label)))
     return examples
 
 
@@ -464,6 +480,7 @@ _LOADERS: dict[str, Callable[[Path, str], list[Example]]] = {
     "assebench-severity": partial(_trajectories, folder="assebench_security", file="AgentJudge-security.json", ask="severity"),
     "snips-asks": _snips_asks,
     "home-assistant": _home_assistant,
+    "home-assistant-asks": _home_assistant_asks,
     "rjudge": partial(_trajectories, folder="rjudge", file="rjudge.json"),
     "metatool": _metatool,
     "injecguard": _injecguard,
