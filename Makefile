@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench default-head injection-screen clean
+.PHONY: install demo test bench default-head ship-head injection-screen clean
 
 install: $(STAMP)
 
@@ -29,17 +29,22 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py
 
-# Rebuild the shipped decision head (clef_guard/heads/default.safetensors) from train splits only.
+# Build a candidate for the shipped decision head (clef_guard/heads/default.safetensors) from train
+# splits only, into build/default-head/; `make ship-head` copies it into the package. Compare it
+# first (python benchmarks/quality.py shipped --head build/default-head/decision_head.safetensors):
+# the rows change with the code, so a rebuild is a new head, not the shipped one.
 # CLINC150 and the generated tool-use rows teach it choices (8 sampled labels per CLINC150
 # example); BANKING77, HWU64 and When2Call stay out of it entirely, so its scores there are
 # zero-shot. `clef-guard train`'s defaults are this head's recipe (lr 3e-3, 80 epochs; docs/training.md).
-# The head also keeps a replay sample of its rows (default.replay.safetensors) for warm starts.
+# The head also keeps a replay sample of its rows (decision_head.replay.safetensors) for warm starts.
 HEAD_TASKS := --task policies --task metatool --task injecguard --task clinc150 --task tool-use --task rjudge --task assebench \
 	--options 8
 default-head: $(STAMP)
 	$(VENV)/bin/clef-guard train $(HEAD_TASKS) --limit 2200 --out build/default-head
 	$(VENV)/bin/clef-guard calibrate --head build/default-head/decision_head.safetensors $(HEAD_TASKS) --limit 300 \
 		--split dev --target-error 0.05 --out build/default-head/calibration.yaml --plot build/default-head/reliability.png
+
+ship-head:
 	cp build/default-head/decision_head.safetensors clef_guard/heads/default.safetensors
 	cp build/default-head/decision_head.replay.safetensors clef_guard/heads/default.replay.safetensors
 
