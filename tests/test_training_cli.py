@@ -136,3 +136,16 @@ def test_an_allow_threshold_bounds_the_unrequested_calls_it_lets_through(tmp_pat
     assert fitted["negatives"] == 10 and fitted["false_alarm_bound"] <= 0.4
     written = yaml.safe_load(calibration.read_text())
     assert written["policies"]["destructive-actions"]["thresholds"]["requested"] == pytest.approx(fitted["threshold"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [("{not json", "rows.jsonl:2: not JSON"), ('["a", "list"]', "rows.jsonl:2:"), ('{"state": "x", "questions": {}}', "rows.jsonl:2:")],
+    ids=["not JSON", "not an object", "no labels"],
+)
+def test_a_bad_row_of_labeled_data_is_named_by_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, says: str) -> None:
+    good = {"state": "a ripe banana", "questions": {"q": {"type": "noul", "instructions": "Is something edible mentioned?"}}, "labels": {"q": "yes"}}
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(good) + "\n" + line + "\n")
+    assert main(["eval", "--data", str(data), "--engine", "zeroshot"]) == 2
+    assert says in " ".join(capsys.readouterr().err.split())

@@ -225,11 +225,8 @@ def _jsonl_rows(path: Path, feature_key: str | None) -> tuple[list[Example], lis
     """Labeled rows of a JSONL file, as examples (with a state) and as features (a review log's, read by
     ``feature_key``'s backbone: no state needed). A row with neither, or written twice (same ``id``), is skipped."""
     examples, read, seen = [], [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, row in _json_lines(path):
         try:
-            row = json.loads(line)
             recorded = row.get("features") if feature_key else None
             recorded = recorded["questions"] if isinstance(recorded, dict) and recorded.get("backbone") == feature_key else {}
             if "id" in row and (("state" not in row and not recorded) or row["id"] in seen):
@@ -246,9 +243,20 @@ def _jsonl_rows(path: Path, feature_key: str | None) -> tuple[list[Example], lis
                     read.append((parsed[qid].source, features))
                 elif "state" in row:
                     examples.append(Example(f"{path.name}:{number}:{qid}", row["state"], parsed[qid].source, label))
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise ClefGuardError(f"{path}:{number}: {exc} (rows are {{state, questions, labels}})") from None
     return examples, read
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """Each non-blank line of the JSONL file ``path``, parsed, with its line number. Raises
+    :class:`ClefGuardError` naming the file (and line) when it cannot be read or a line is not JSON."""
+    for number, line in enumerate(_lines(path), start=1):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ClefGuardError(f"{path}:{number}: not JSON: {exc.msg}") from None
 
 
 def _labeled(args: argparse.Namespace, engine: LocalDecisionModel, console: Console, what: str) -> _Labeled:
@@ -589,22 +597,20 @@ def _suggest(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _unlabeled(path: Path) -> list[str]:
-    """The texts of ``path``: one a line, or (``.jsonl``) each line's ``text`` field."""
+def _lines(path: Path) -> list[str]:
+    """The lines of the text file ``path``; :class:`ClefGuardError` naming it when it cannot be read."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ClefGuardError(f"cannot read {path}: {exc}") from None
+
+
+def _unlabeled(path: Path) -> list[str]:
+    """The texts of ``path``: one a line, or (``.jsonl``) each line's ``text`` field."""
     if path.suffix != ".jsonl":
-        return lines
+        return _lines(path)
     texts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ClefGuardError(f"{path}:{number}: not JSON: {exc.msg}") from None
+    for number, row in _json_lines(path):
         if not (isinstance(row, dict) and isinstance(row.get("text"), str)):
             raise ClefGuardError(f"{path}:{number}: a row needs a 'text' field holding a string")
         texts.append(row["text"])
