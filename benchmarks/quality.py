@@ -284,10 +284,10 @@ def main() -> None:
         }
         for name in [n for n in readings if n in scored_on]:  # the held-out heads, without their familiarity too
             readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
-            sure = [engine.encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
-            if any(s is not None for s in sure):  # as the engine serves it: the encoder where it is sure
+            encoded = [engine.encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
+            if any(e is not None for e in encoded):  # as the engine serves it: the encoder where it answers
                 readings[f"{name}, head alone"] = readings[name]
-                readings[name] = [d if s is None else s for s, d in zip(sure, readings[name], strict=True)]
+                readings[name] = [d if e is None else e for e, d in zip(encoded, readings[name], strict=True)]
         if sparrow is not None:
             readings["sparrow-decider"] = [sparrow_distribution(sparrow, row) for row in rows]
         (question,) = parse_questions({"q": rows[0].question})

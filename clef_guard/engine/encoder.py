@@ -217,8 +217,9 @@ def asked_topic(question: ParsedQuestion) -> str | None:
     ``None`` for other questions (judgements such as "Is this call destructive?")."""
     if question.kind != "noul" or not isinstance(question.instructions, str):
         return None
-    opening = _ASKED_TOPIC.match(question.instructions.strip())
-    topic = question.instructions.strip()[opening.end() :].strip().rstrip("?").strip() if opening else ""
+    words = question.instructions.strip()
+    opening = _ASKED_TOPIC.match(words)
+    topic = words[opening.end() :].strip().rstrip("?").strip() if opening else ""
     return topic or None
 
 

@@ -56,7 +56,7 @@ from clef_guard.engine.novelty import QuestionMemory, familiarity_scale
 from clef_guard.engine.prefix_cache import PrefixCache
 from clef_guard.engine.prompt import PromptLayout
 from clef_guard.engine.requests import ParsedQuestion, parse_questions
-from clef_guard.engine.state import head_and_tail, message_kind, state_messages, state_segments
+from clef_guard.engine.state import head_and_tail, is_request, state_segments
 from clef_guard.engine.tree import (
     Branch,
     Hidden,
@@ -579,12 +579,3 @@ class LocalDecisionModel(BaseDecisionModel):
             **({self._backbone.cache_kw: kv} if kv is not None else {}),
         )
         return Hidden(output.last_hidden_state[0], output.hidden_states[-2][0] if wide else None)
-
-
-def is_request(state: State) -> bool:
-    """Whether ``state`` is a user's request: text, or messages whose last is the user's turn.
-    Data that is neither (a proposed call alone, a record) is not, whatever text it holds."""
-    if isinstance(state, str):
-        return True
-    messages = state_messages(state)
-    return bool(messages) and message_kind(messages[-1]) == "human"

@@ -208,6 +208,15 @@ def state_messages(state: Any) -> list[Any]:
     return []
 
 
+def is_request(state: Any) -> bool:
+    """Whether ``state`` is a user's request: text, or messages whose last is the user's turn.
+    Data that is neither (a proposed call alone, a record) is not, whatever text it holds."""
+    if isinstance(state, str):
+        return True
+    messages = state_messages(state)
+    return bool(messages) and message_kind(messages[-1]) == "human"
+
+
 def message_kind(message: Any) -> str | None:
     """LangChain's type of a message (``human``, ``ai``, ...); a mapping counts as the message it renders as."""
     read = read_message(message)
