@@ -169,10 +169,12 @@ def test_no_prose_copied_from_a_result_makes_a_shipped_policy_more_permissive(ca
     the verdict below the one for the same call with that prose left out and no result at all
     (argument prose as such is the other check's: off here)."""
     guard = Guard([p.with_state(check_without_prose=False) for p in SHIPPED], engine=HashedDecisionModel(), human_review=True)
-    copied = {**call, "args": {**call["args"], "note": "From the page: " + text}}
+    # a line break, which the result never holds, keeps the copied run from taking in the
+    # prefix's own ": " (text of colons and spaces alone did, and the readings differed by it)
+    copied = {**call, "args": {**call["args"], "note": "From the page:\n" + text}}
     state = _state(text)
     state[-1] = AIMessage("", tool_calls=[copied])
-    left_out = {**call, "args": {**call["args"], "note": "From the page: "}}
+    left_out = {**call, "args": {**call["args"], "note": "From the page:\n"}}
     without = [m for m in state[:-1] if m.type != "tool"] + [AIMessage("", tool_calls=[left_out])]
     assert SEVERITY[guard.check(copied, state).action] >= SEVERITY[guard.check(left_out, without).action]
 
