@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from langchain_core.decisions import Noul
+from langchain_core.decisions import Noul, Score
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from clef_guard import LocalDecisionModel, load_policies
-from clef_guard.engine.head import DecisionHead
+from clef_guard.engine.head import DecisionHead, KnownQuestion
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.novelty import familiarity_scale, question_text
 from clef_guard.engine.requests import parse_questions
+from clef_guard.errors import ModelLoadError
 
 STATE = [
     {"role": "user", "content": "Tidy up the build folder please."},
@@ -29,12 +33,39 @@ def forgetful(tmp_path_factory: pytest.TempPathFactory) -> LocalDecisionModel:
     return LocalDecisionModel(head=str(path))
 
 
-def test_a_head_keeps_the_questions_it_was_trained_on(tmp_path: Path) -> None:
+def test_a_head_keeps_the_questions_it_was_trained_on_with_their_kinds(tmp_path: Path) -> None:
     head = DecisionHead(576)
-    head.questions = ("Is it raining?", "Which colour? red / blue")
+    head.questions = (KnownQuestion("choice", "Which colour? red / blue"), KnownQuestion("noul", "Is it raining?"))
     head.save(tmp_path / "h.safetensors")
-    assert DecisionHead.load(tmp_path / "h.safetensors", 576).questions == ("Is it raining?", "Which colour? red / blue")
-    assert len(DecisionHead.load(DEFAULT_HEAD, 576).questions) > 1000  # the shipped head's 7,051 rows ask 2,215
+    assert DecisionHead.load(tmp_path / "h.safetensors", 576).questions == head.questions
+    shipped = DecisionHead.load(DEFAULT_HEAD, 576).questions
+    assert len(shipped) > 1000  # the shipped head's 7,051 rows ask 2,215
+    assert {q.kind for q in shipped} == {"noul", "choice", "score"}
+
+
+def test_a_question_of_another_kind_is_not_familiar(engine: LocalDecisionModel) -> None:
+    """The shipped head knows "Would ... delete ...?" as a yes/no question, not how to read levels of it."""
+    words = "Would running the proposed tool call delete, overwrite or corrupt existing data?"
+    noul, score = parse_questions({"n": Noul(instructions=words), "s": Score(instructions=words, criteria=["no", "perhaps", "yes"])})
+    assert engine.familiarity(noul) == pytest.approx(1.0, abs=1e-5)
+    kindless = DecisionHead.load(DEFAULT_HEAD, 576)  # as a head written before kinds were kept
+    kindless.questions = tuple(KnownQuestion("", q.text) for q in kindless.questions)
+    old = engine.familiarity(score, head=kindless)
+    assert old is not None and old > 0.9  # any kind: the yes/no question's words made it look known
+    served = engine.familiarity(score)
+    assert served is not None and served < old - 0.1 and familiarity_scale(served) < familiarity_scale(old) / 2
+
+
+@pytest.mark.parametrize("entry", [["noul"], 3])
+def test_a_malformed_trained_question_names_the_head_file(tmp_path: Path, entry: object) -> None:
+    saved = tmp_path / "h.safetensors"
+    DecisionHead(576).save(saved)
+    with safe_open(str(saved), "pt") as handle:
+        metadata = handle.metadata()
+    broken = tmp_path / "broken.safetensors"
+    save_file(load_file(str(saved)), str(broken), metadata={**metadata, "questions": json.dumps([entry])})
+    with pytest.raises(ModelLoadError, match="broken.safetensors"):
+        DecisionHead.load(broken, 576)
 
 
 def test_the_scale_is_one_for_a_trained_question_and_falls_with_distance() -> None:
@@ -78,7 +109,7 @@ def test_familiarity_can_be_asked_for_another_head(engine: LocalDecisionModel) -
     """Benchmarks score several heads over one backbone; each reports its own questions' familiarity."""
     (rate,) = parse_questions({"q": Noul(instructions="Does this review praise the book?")})
     other = DecisionHead(576)
-    other.questions = (question_text(rate),)
+    other.questions = (KnownQuestion("noul", question_text(rate)),)
     own = engine.familiarity(rate)
     assert own is not None and own < 0.75
     assert engine.familiarity(rate, head=other) == pytest.approx(1.0, abs=1e-5)

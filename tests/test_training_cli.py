@@ -51,8 +51,8 @@ def test_train_then_lora_writes_an_adapter_folder_that_loads(
     assert {"adapter_config.json", "adapter_model.safetensors", "decision_head.safetensors"} <= {p.name for p in out.iterdir()}
     assert list(features.glob("*.pt"))  # the feature cache went where it was told
     head = LocalDecisionModel(adapter=str(out)).decision_head
-    assert head is not None and "Is something edible mentioned?" in head.questions  # what it learned, remembered
-    assert {q.split("?")[0] for q in head.questions} == {"Is something edible mentioned", "Which colour is the thing described"}
+    assert head is not None and ("noul", "Is something edible mentioned?") in head.questions  # what it learned, remembered, with its kind
+    assert {(q.kind, q.text.split("?")[0]) for q in head.questions} == {("noul", "Is something edible mentioned"), ("choice", "Which colour is the thing described")}
 
     calibration = tmp_path / "calibration.yaml"
     argv = ["calibrate", "--adapter", str(out), "--head", str(out / "decision_head.safetensors"), "--data", str(data),

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -57,6 +58,14 @@ HIDDEN_WIDTH = 256
 """Width of the hidden layer the listed readings share."""
 _DROPOUT = 0.1
 _FORMAT = "clef-guard-head/7"
+
+
+class KnownQuestion(NamedTuple):
+    """A question a head was trained on: its kind (``noul``, ``choice``, ``score``; ``""`` in a
+    head written before kinds were kept) and its :func:`~clef_guard.engine.novelty.question_text`."""
+
+    kind: str
+    text: str
 """The one head format this version reads (its metadata ``format``); older heads are retrained."""
 _MATCH = ("match_up", "match_down", "log_match_scale")
 _HIDDEN = ("hidden_norm.weight", "hidden_norm.bias", "hidden_in.weight", "hidden_in.bias", "hidden_out")
@@ -105,9 +114,9 @@ class DecisionHead(nn.Module):
         self.register_buffer("feature_scale", torch.ones(hidden_size))
         self.question_temperatures: dict[str, float] = {}
         """Temperature of each question calibrated on its own, by question key; others use their reading's."""
-        self.questions: tuple[str, ...] = ()
-        """The questions it was trained on (:func:`clef_guard.engine.novelty.question_text`, sorted):
-        the engine trusts its answers to a question as far as the question resembles one of them."""
+        self.questions: tuple[KnownQuestion, ...] = ()
+        """The questions it was trained on, sorted: the engine trusts its answers to a question as
+        far as the question resembles one of them of its kind."""
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
@@ -175,8 +184,8 @@ class DecisionHead(nn.Module):
                 metadata = handle.metadata() or {}
             file_format = metadata.get("format")
             question_temperatures = {str(k): float(t) for k, t in json.loads(metadata.get("question_temperatures", "{}")).items()}
-            questions = tuple(str(text) for text in json.loads(metadata.get("questions", "[]")))
-        except (OSError, ValueError, AttributeError) as exc:
+            questions = tuple(_known(entry) for entry in json.loads(metadata.get("questions", "[]")))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"cannot read decision head {str(path)!r}: {exc}") from exc
         if file_format != _FORMAT:
             raise ModelLoadError(
@@ -197,3 +206,12 @@ class DecisionHead(nn.Module):
         head.question_temperatures = question_temperatures
         head.questions = questions
         return head.eval()  # a loaded head answers: no dropout
+
+
+def _known(entry: str | list[str]) -> KnownQuestion:
+    """A stored trained question: ``[kind, text]``, or a bare text from a head that kept no kinds
+    (a malformed entry raises, and :meth:`DecisionHead.load` names the file)."""
+    if isinstance(entry, str):
+        return KnownQuestion("", entry)
+    kind, text = entry
+    return KnownQuestion(str(kind), str(text))

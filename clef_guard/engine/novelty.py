@@ -2,10 +2,12 @@
 
 A head trained on some questions is confidently wrong on questions unlike them
 (``benchmarks/quality.py unseen``: a head that never saw MetaTool's question read it at 0.40
-with ECE 0.40). So a head remembers the questions it was trained on (their
+with ECE 0.40). So a head remembers the questions it was trained on (their kind and
 :func:`question_text`), and the engine's sentence encoder measures how close a new question
-comes to the nearest of them (the cosine of the two texts, 1 for a question trained on
-verbatim). The head's logits are multiplied by :func:`familiarity_scale` of that cosine:
+comes to the nearest of them of its own kind (the cosine of the two texts, 1 for a question
+trained on verbatim). Kind matters because each kind is its own reading with its own weights
+(:mod:`clef_guard.engine.head`): a head trained on "Is the agent's action unsafe?" has
+learned nothing about reading the levels of "How clearly unsafe is it?". The head's logits are multiplied by :func:`familiarity_scale` of that cosine:
 1 for a trained question, falling towards 0 (every option equally likely) for a question
 unlike any. Multiplying logits by a positive number never changes which option is most
 likely, so accuracy is untouched; only the confidence moves.
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from clef_guard.engine.backbone import cache_dir
+from clef_guard.engine.head import KnownQuestion
 from clef_guard.engine.requests import ParsedQuestion
 from clef_guard.engine.state import content_text
 
@@ -62,14 +65,17 @@ def familiarity_scale(cosine: float) -> float:
 class QuestionMemory:
     """The questions a head was trained on, embedded once by a sentence encoder (and kept on disk)."""
 
-    def __init__(self, texts: Sequence[str], encoder: Encoder, encoder_name: str) -> None:
+    def __init__(self, known: Sequence[KnownQuestion], encoder: Encoder, encoder_name: str) -> None:
         self._encoder = encoder
-        digest = hashlib.sha256(json.dumps([encoder_name, sorted(texts)]).encode()).hexdigest()[:16]
+        known = sorted(set(known))
+        self._kinds = [question.kind for question in known]
+        texts = [question.text for question in known]
+        digest = hashlib.sha256(json.dumps([encoder_name, texts]).encode()).hexdigest()[:16]
         path = cache_dir() / "question-vectors" / f"{digest}.pt"
         if path.exists():
             self._vectors = torch.load(path, weights_only=True)
         else:
-            self._vectors = encoder.embed(sorted(texts))
+            self._vectors = encoder.embed(texts)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
             torch.save(self._vectors, partial)
@@ -78,12 +84,14 @@ class QuestionMemory:
         self._lock = threading.Lock()
 
     def cosine(self, question: ParsedQuestion) -> float:
-        """The cosine between ``question`` and the nearest trained question (computed once per question)."""
+        """The cosine between ``question`` and the nearest trained question of its kind (a question
+        of a head that kept no kinds counts as every kind; 0 where there is none), computed once per question."""
         with self._lock:
             known = self._cosines.get(question.key)
         if known is None:
+            rows = [i for i, kind in enumerate(self._kinds) if kind in (question.kind, "")]
             query = self._encoder.embed([question_text(question)])[0]
-            known = float((self._vectors @ query).max()) if len(self._vectors) else 0.0
+            known = float((self._vectors[rows] @ query).max()) if rows else 0.0
             with self._lock:
                 self._cosines[question.key] = known
                 while len(self._cosines) > _CACHE_SIZE:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from langchain_core.decisions import Question
 
-from clef_guard.engine.head import READINGS, DecisionHead
+from clef_guard.engine.head import READINGS, DecisionHead, KnownQuestion
 from clef_guard.engine.novelty import question_text
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.calibrate import (
@@ -193,10 +193,10 @@ def predict(
         return [torch.softmax(row, dim=-1) for row in logits]
 
 
-def trained_questions(questions: Iterable[Question], init: DecisionHead | None = None) -> tuple[str, ...]:
+def trained_questions(questions: Iterable[Question], init: DecisionHead | None = None) -> tuple[KnownQuestion, ...]:
     """What a head trained on ``questions`` remembers of them (:attr:`DecisionHead.questions`), with
     the questions of the head it started from (a warm start replays their rows)."""
-    texts = {question_text(parsed) for question in questions for parsed in parse_questions({"q": question})}
-    return tuple(sorted(texts | set(init.questions if init is not None else ())))
+    known = {KnownQuestion(parsed.kind, question_text(parsed)) for question in questions for parsed in parse_questions({"q": question})}
+    return tuple(sorted(known | set(init.questions if init is not None else ())))
 
 
