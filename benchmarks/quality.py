@@ -121,6 +121,8 @@ class Recipe:
 
 UNLABELED = 3000
 """readers --suggested: train requests (labels dropped, fixed seed) examples are suggested from."""
+SHIPPED = "shipped default head"
+"""The shipped head's name in the results: scored as the engine serves it (familiarity and encoder), like the held-out heads."""
 SUITES = ("transfer", "intents", "tool-use", "shipped", "calibrated", "readers", "unseen")
 
 UNSEEN_FAMILIES: dict[str, tuple[tuple[str, int | None], ...]] = {  # its tasks, and the options their choices keep
@@ -243,7 +245,7 @@ def main() -> None:
 
     heads: dict[str, DecisionHead | None] = {"backbone alone": None}
     if embedded:
-        heads["shipped default head"] = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
+        heads[SHIPPED] = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
     if args.head:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
     seconds: dict[str, float] = {}
@@ -282,8 +284,9 @@ def main() -> None:
             for name, head in heads.items()
             if part.task in scored_on.get(name, (part.task,))
         }
-        for name in [n for n in readings if n in scored_on]:  # the held-out heads, without their familiarity too
-            readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
+        for name in [n for n in readings if n in scored_on or n == SHIPPED]:  # as served, and without familiarity or encoder
+            if name in scored_on:
+                readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
             encoded = [engine.encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
             if any(e is not None for e in encoded):  # as the engine serves it: the encoder where it answers
                 readings[f"{name}, head alone"] = readings[name]
