@@ -7,9 +7,10 @@ engine. Each team in the policy lists a few example requests, so the sentence en
 the choice (few-shot routing, no backbone pass: milliseconds a route), and `other` is
 "none of these": it wins when no team is close. The conditional edge goes to the chosen
 team when the policy trusts the answer (its confidence clears the calibratable
-`route_confidence` threshold, and it is not `other`), and to a human queue otherwise. The
-whole answer stays in the graph state under `intent`. None of these requests is one of the
-policy's examples.
+`route_confidence` threshold, and it is not `other`), and to a human queue otherwise. A
+customer who wants to leave goes to a person whatever the team: the policy's yes/no question
+"Is the customer trying to leave?" is read by the encoder too. The whole answer stays in the
+graph state under `intent`. None of these requests is one of the policy's examples.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ REQUESTS = [
     "I got a new phone and now I can't get into my account.",
     "How much would the enterprise tier cost for 200 people?",
     "Can you recommend a good book for the weekend?",
+    "I want to stop paying for this, how do I get out?",
 ]
 
 

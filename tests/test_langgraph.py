@@ -174,6 +174,7 @@ def test_intent_router_can_ask_a_person(engine: LocalDecisionModel) -> None:
         ("Since the update the mobile app freezes on the login screen.", "technical", "technical"),
         ("Please give me your best price for 30 licences.", "sales", "human"),
         ("Who won the football match last night?", "other", "human"),  # no team is close: escalated
+        ("We are done with you, how do I get out of this contract?", "other", "human"),  # leaving: a person talks to them
     ],
 )
 def test_intent_router_with_the_shipped_routing_policy(engine: LocalDecisionModel, text: str, label: str, route: str) -> None:
@@ -183,4 +184,6 @@ def test_intent_router_with_the_shipped_routing_policy(engine: LocalDecisionMode
     result = _routing_graph(router).invoke({"messages": [HumanMessage(text)]}, CONFIG)
     intent = result["intent"]
     assert (intent["label"], intent["route"], intent["policy"]) == (label, route, "support-routing")
-    assert intent["confident"] is (label != "other")
+    leaving = "get out" in text
+    assert intent["confident"] is (label != "other" and not leaving)
+    assert intent["rule"] == ("leaving" if leaving else "unsure" if label == "other" else None)
