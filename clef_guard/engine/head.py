@@ -58,6 +58,9 @@ HIDDEN_WIDTH = 256
 """Width of the hidden layer the listed readings share."""
 _DROPOUT = 0.1
 _FORMAT = "clef-guard-head/7"
+"""The one head format this version reads (its metadata ``format``); older heads are retrained."""
+_MATCH = ("match_up", "match_down", "log_match_scale")
+_HIDDEN = ("hidden_norm.weight", "hidden_norm.bias", "hidden_in.weight", "hidden_in.bias", "hidden_out")
 
 
 class KnownQuestion(NamedTuple):
@@ -66,9 +69,6 @@ class KnownQuestion(NamedTuple):
 
     kind: str
     text: str
-"""The one head format this version reads (its metadata ``format``); older heads are retrained."""
-_MATCH = ("match_up", "match_down", "log_match_scale")
-_HIDDEN = ("hidden_norm.weight", "hidden_norm.bias", "hidden_in.weight", "hidden_in.bias", "hidden_out")
 
 
 def centred_cosine(query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:

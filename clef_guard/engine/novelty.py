@@ -7,9 +7,9 @@ with ECE 0.40). So a head remembers the questions it was trained on (their kind 
 comes to the nearest of them of its own kind (the cosine of the two texts, 1 for a question
 trained on verbatim). Kind matters because each kind is its own reading with its own weights
 (:mod:`clef_guard.engine.head`): a head trained on "Is the agent's action unsafe?" has
-learned nothing about reading the levels of "How clearly unsafe is it?". The head's logits are multiplied by :func:`familiarity_scale` of that cosine:
-1 for a trained question, falling towards 0 (every option equally likely) for a question
-unlike any. Multiplying logits by a positive number never changes which option is most
+learned nothing about reading the levels of "How clearly unsafe is it?". The head's logits
+are multiplied by :func:`familiarity_scale` of that cosine: 1 for a trained question,
+falling towards 0 (every option equally likely) for a question unlike any. Multiplying logits by a positive number never changes which option is most
 likely, so accuracy is untouched; only the confidence moves.
 
 The scale's two constants were fitted by log-loss on dev rows of the ten leave-one-family-out
