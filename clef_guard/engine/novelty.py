@@ -12,9 +12,10 @@ are multiplied by :func:`familiarity_scale` of that cosine: 1 for a trained ques
 falling towards 0 (every option equally likely) for a question unlike any. Multiplying logits by a positive number never changes which option is most
 likely, so accuracy is untouched; only the confidence moves.
 
-The scale's two constants were fitted by log-loss on dev rows of the ten leave-one-family-out
-heads of ``quality.py unseen`` (each family's rows unseen by one head, seen by the others),
-and the test rows of the held-out families judge it (docs/results.md).
+The scale's two constants were fitted by log-loss on dev rows of the leave-one-family-out
+heads of ``quality.py unseen`` (each family's rows unseen by one head, seen by the others;
+``--fit-familiarity`` refits them), and the test rows of the held-out families judge it
+(docs/results.md).
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ def question_text(question: ParsedQuestion) -> str:
     return f"{text} " + " / ".join(content_text(option) for option in options)
 
 
-def familiarity_scale(cosine: float) -> float:
-    """The factor on the head's logits for a question whose nearest trained question is at ``cosine``."""
+def familiarity_scale(cosine: float, slope: float = FAMILIARITY_SLOPE, midpoint: float = FAMILIARITY_MIDPOINT) -> float:
+    """The factor on the head's logits for a question whose nearest trained question is at ``cosine``
+    (``slope`` and ``midpoint`` other than the shipped ones: to refit them, ``quality.py unseen --fit-familiarity``)."""
     def weight(c: float) -> float:
-        return 1.0 / (1.0 + math.exp(-FAMILIARITY_SLOPE * (c - FAMILIARITY_MIDPOINT)))
+        return 1.0 / (1.0 + math.exp(-slope * (c - midpoint)))
 
     return min(1.0, weight(cosine) / weight(1.0))
 
