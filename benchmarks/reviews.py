@@ -62,12 +62,13 @@ from clef_guard.training.datasets import load_task
 from clef_guard.training.examples import Example, sample
 from clef_guard.training.features import Features, extract_features, replay_path, save_replay
 from clef_guard.training.calibrate import stop_threshold
-from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head
+from clef_guard.training.fit import WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head
 
 BASE_TASKS = ("policies", "metatool", "injecguard", "tool-use", "rjudge", "assebench")
 CHECKPOINTS = (0, 25, 50, 100, 200)
-WARM = replace(TrainConfig(), epochs=40)
-"""The warm start's recipe: the shipped one, with fewer epochs over far fewer rows."""
+WARM = replace(TrainConfig(), epochs=40, members=WARM_MEMBERS)
+"""The warm start's recipe (``clef-guard train --init-head``'s): the shipped one, with fewer epochs over far
+fewer rows, five seeds averaged into one head."""
 ANCHOR = 1.0
 REPLAY = 200
 

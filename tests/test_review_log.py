@@ -25,6 +25,7 @@ from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.engine.tree import OptionFeatures
 from clef_guard.telemetry.reviews import ReviewLog
+from clef_guard.training.fit import WARM_MEMBERS
 
 CALLS = [[("write_note", {"name": "ask-1.txt", "text": "a"})], [("write_note", {"name": "ask-2.txt", "text": "b"})]]
 
@@ -69,7 +70,9 @@ def test_rows_with_states_train_a_head_and_a_replayed_review_is_written_once(tmp
     out = tmp_path / "head"
     command = ["train", "--data", str(log), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json"]
     assert main([*command, "--features", str(tmp_path / "cache")]) == 0
-    assert json.loads((out / "train_report.json").read_text())["n"] == 2  # should_run of each row; the replayed row once
+    report = json.loads((out / "train_report.json").read_text())
+    assert report["n"] == 2  # should_run of each row; the replayed row once
+    assert report["config"]["members"] == WARM_MEMBERS  # a warm start averages seeds by default
     warmed = DecisionHead.load(out / HEAD_FILE, 576).questions
     assert set(DecisionHead.load(DEFAULT_HEAD, 576).questions) < set(warmed)  # the old questions and the reviews' own
 

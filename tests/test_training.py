@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from langchain_core.decisions import Noul
 
 from clef_guard import DecisionHead, LocalDecisionModel
-from clef_guard.engine.head import READINGS
+from clef_guard.engine.head import READINGS, averaged
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.examples import Example
@@ -160,6 +161,33 @@ def test_a_warm_start_keeps_what_the_new_rows_never_ask(engine: LocalDecisionMod
     assert torch.equal(head.proj.weight[choice], shipped.proj.weight[choice]) and head.lm_weight[choice] == shipped.lm_weight[choice]
     assert not torch.equal(head.proj.weight[noul], shipped.proj.weight[noul])
     assert history[-1] < history[0] and _accuracy(head, test) >= _accuracy(shipped, test)
+
+
+def test_a_warm_start_of_several_members_answers_their_mean_logits_from_one_file(
+    engine: LocalDecisionModel, toy: tuple[list, list], tmp_path: Path
+) -> None:
+    """``members=3``: three seeds' heads served as one, wider head (saved and loaded as any head)."""
+    train, test = toy
+    shipped, size = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size), engine.backbone.hidden_size
+    config = TrainConfig(epochs=10, batch_size=6, seed=4)
+    members = [train_head(train, size, replace(config, seed=4 + k), init=shipped)[0] for k in range(3)]
+    merged, history = train_head(train, size, replace(config, members=3), init=shipped)
+    assert len(history) == config.epochs
+    merged.save(tmp_path / "merged.safetensors")
+    loaded = DecisionHead.load(tmp_path / "merged.safetensors", size)
+    assert loaded.hidden_in.out_features == 3 * shipped.hidden_in.out_features
+    for f in test:
+        want = torch.stack([m(f.hidden, f.lm_logprob, f.reading) for m in members]).mean(0)
+        assert torch.allclose(loaded(f.hidden, f.lm_logprob, f.reading), want, atol=1e-4)
+    assert len({float(m(test[0].hidden, test[0].lm_logprob, "noul")[0]) for m in members}) == 3  # the seeds differ
+
+
+def test_heads_that_standardise_differently_are_not_averaged(toy: tuple[list, list]) -> None:
+    train, _ = toy
+    one, _ = train_head(train[:6], 576, TrainConfig(epochs=1))
+    other, _ = train_head(train[6:], 576, TrainConfig(epochs=1))
+    with pytest.raises(ValueError, match="feature_mean"):
+        averaged([one, other])
 
 
 def test_an_anchored_warm_start_stays_nearer_the_head_it_started_from(engine: LocalDecisionModel, toy: tuple[list, list]) -> None:

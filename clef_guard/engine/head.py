@@ -37,6 +37,7 @@ replaces its reading's.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -97,7 +98,7 @@ def sorted_header(blob: bytes) -> bytes:
 class DecisionHead(nn.Module):
     """Linear option scorer over hidden states and LM log-probabilities, per reading."""
 
-    def __init__(self, hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, width: int = HIDDEN_WIDTH) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.proj = nn.Linear(hidden_size, len(READINGS))
@@ -107,8 +108,8 @@ class DecisionHead(nn.Module):
         self.match_down = nn.Parameter(torch.randn(MATCH_RANK, hidden_size) / hidden_size**0.5)
         self.log_match_scale = nn.Parameter(torch.tensor(WIDE_MATCH_SCALE).log())
         self.hidden_norm = nn.LayerNorm(hidden_size)
-        self.hidden_in = nn.Linear(hidden_size, HIDDEN_WIDTH)
-        self.hidden_out = nn.Parameter(torch.zeros(len(READINGS), HIDDEN_WIDTH))
+        self.hidden_in = nn.Linear(hidden_size, width)
+        self.hidden_out = nn.Parameter(torch.zeros(len(READINGS), width))
         self.dropout = nn.Dropout(_DROPOUT)
         self.register_buffer("feature_mean", torch.zeros(hidden_size))
         self.register_buffer("feature_scale", torch.ones(hidden_size))
@@ -198,7 +199,7 @@ class DecisionHead(nn.Module):
                 f"decision head {str(path)!r} is {width} wide but the backbone's hidden size is "
                 f"{hidden_size}: train a head for this backbone"
             )
-        head = cls(hidden_size)
+        head = cls(hidden_size, tensors["hidden_in.weight"].shape[0] if "hidden_in.weight" in tensors else HIDDEN_WIDTH)
         fresh = head.state_dict()
         for name in (*_MATCH, *_HIDDEN):  # saved untrained they are left out (see save): recreate them
             tensors.setdefault(name, fresh[name])
@@ -206,6 +207,33 @@ class DecisionHead(nn.Module):
         head.question_temperatures = question_temperatures
         head.questions = questions
         return head.eval()  # a loaded head answers: no dropout
+
+
+def averaged(heads: Sequence[DecisionHead]) -> DecisionHead:
+    """One head whose logits are the mean of ``heads``' logits: the linear parts averaged, the hidden
+    layers side by side (each one's normalisation scale and shift folded into its first layer). The
+    heads must share their standardisation, wide map and temperatures, as warm starts of one head on
+    listed questions do; its trained questions are theirs together."""
+    first = heads[0]
+    shared = ("feature_mean", "feature_scale", "log_temperature", *_MATCH)
+    for other in heads[1:]:
+        differs = [name for name in shared if not torch.equal(first.state_dict()[name], other.state_dict()[name])]
+        if differs or other.question_temperatures != first.question_temperatures:
+            raise ValueError(f"heads differ in {differs or 'question temperatures'}: only heads that share them can be averaged")
+    merged = DecisionHead(first.hidden_size, sum(h.hidden_out.shape[1] for h in heads))
+    with torch.no_grad():
+        for name in shared:
+            merged.state_dict()[name].copy_(first.state_dict()[name])
+        for name in ("proj.weight", "proj.bias", "lm_weight"):
+            merged.state_dict()[name].copy_(torch.stack([h.state_dict()[name] for h in heads]).mean(0))
+        merged.hidden_norm.weight.fill_(1.0)
+        merged.hidden_norm.bias.zero_()
+        merged.hidden_in.weight.copy_(torch.cat([h.hidden_in.weight * h.hidden_norm.weight for h in heads]))
+        merged.hidden_in.bias.copy_(torch.cat([h.hidden_in.weight @ h.hidden_norm.bias + h.hidden_in.bias for h in heads]))
+        merged.hidden_out.copy_(torch.cat([h.hidden_out for h in heads], dim=1) / len(heads))
+    merged.question_temperatures = dict(first.question_temperatures)
+    merged.questions = tuple(sorted({q for h in heads for q in h.questions}))
+    return merged.eval()
 
 
 def _known(entry: str | list[str]) -> KnownQuestion:

@@ -51,7 +51,7 @@ from clef_guard.training.features import (
     replay_path,
     save_replay,
 )
-from clef_guard.training.fit import TrainConfig, calibrate_head, predict, train_head, trained_questions
+from clef_guard.training.fit import WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head, trained_questions
 from clef_guard.training.lora import AdapterConfig, train_adapter
 from clef_guard.training.injection_lines import injection_lines
 from clef_guard.training.screen import ScreenConfig, dev_thresholds, train_screen
@@ -97,6 +97,11 @@ def add_commands(commands: Any) -> None:
         "--anchor", type=float, default=None,
         help="with --init-head: weight of an L2 pull towards its weights (the other way to keep old tasks; "
         "replaying its rows keeps them better)",
+    )
+    train.add_argument(
+        "--members", type=int, default=None, metavar="N",
+        help=f"train N heads (seeds --train-seed, +1, ...) and serve their average as one head (default {WARM_MEMBERS} "
+        "with --init-head: a warm start on a few hundred rows moves with its seed, the average much less; else 1)",
     )
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
@@ -304,11 +309,12 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     overrides = {
         "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight,
         "anchor": args.anchor, "seed": args.train_seed,
+        "members": args.members if args.members is not None else WARM_MEMBERS if args.init_head else None,
     }
     config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
     init = _init_head(args, engine)
     with _progress(console, args.json) as progress:
-        bar = progress.add_task("training the head", total=config.epochs)
+        bar = progress.add_task("training the head", total=config.epochs * config.members)
         head, history = train_head(
             features, engine.backbone.hidden_size, config, init=init,
             on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch),

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from langchain_core.decisions import Question
 
-from clef_guard.engine.head import READINGS, DecisionHead, KnownQuestion
+from clef_guard.engine.head import READINGS, DecisionHead, KnownQuestion, averaged
 from clef_guard.engine.novelty import question_text
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.calibrate import (
@@ -46,6 +46,13 @@ class TrainConfig:
     seed: int = 0
     anchor: float = 0.0
     """Warm starts only: weight of an L2 pull towards the initial head's weights (keeps old tasks)."""
+    members: int = 1
+    """Heads trained with seeds ``seed``, ``seed + 1``, ... and served as one (:func:`~clef_guard.engine.head.averaged`):
+    a warm start on a few hundred rows moves several points with its seed, their average does not (docs/results.md)."""
+
+
+WARM_MEMBERS = 5
+"""Heads a warm start (``clef-guard train --init-head``) trains and averages by default (``TrainConfig.members``)."""
 
 
 def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:
@@ -97,13 +104,23 @@ def train_head(
     init: DecisionHead | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> tuple[DecisionHead, list[float]]:
-    """Fit a decision head on cached features; returns it and the loss of each epoch.
+    """Fit a decision head on cached features; returns it and the loss of each epoch (averaged over
+    ``config.members``; ``on_epoch`` counts every member's epochs).
 
     ``init`` warm-starts from an existing head (its standardisation and temperatures kept);
     the readings the features never ask keep ``init``'s weights.
     """
     if not features:
         raise ValueError("no training examples")
+    if config.members > 1:
+        runs = [
+            train_head(
+                features, hidden_size, replace(config, members=1, seed=config.seed + member), init=init,
+                on_epoch=None if on_epoch is None else lambda epoch, loss, done=member * config.epochs: on_epoch(done + epoch, loss),
+            )
+            for member in range(config.members)
+        ]
+        return averaged([head for head, _ in runs]), [sum(losses) / len(runs) for losses in zip(*(h for _, h in runs), strict=True)]
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     head = DecisionHead(hidden_size).train()
