@@ -19,7 +19,7 @@ from test_langchain_middleware import POLICY, _tools
 
 from clef_guard import Guard, LocalDecisionModel, parse_policy
 from clef_guard.cli import main
-from clef_guard.engine.head import HEAD_FILE, DecisionHead
+from clef_guard.engine.head import HEAD_FILE, HIDDEN_WIDTH, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
@@ -73,8 +73,13 @@ def test_rows_with_states_train_a_head_and_a_replayed_review_is_written_once(tmp
     report = json.loads((out / "train_report.json").read_text())
     assert report["n"] == 2  # should_run of each row; the replayed row once
     assert report["config"]["members"] == WARM_MEMBERS  # a warm start averages seeds by default
-    warmed = DecisionHead.load(out / HEAD_FILE, 576).questions
-    assert set(DecisionHead.load(DEFAULT_HEAD, 576).questions) < set(warmed)  # the old questions and the reviews' own
+    warmed = DecisionHead.load(out / HEAD_FILE, 576)
+    assert set(DecisionHead.load(DEFAULT_HEAD, 576).questions) < set(warmed.questions)  # the old questions and the reviews' own
+    again = tmp_path / "again"  # next week's warm start from this one: an average is warm-started as one head, no wider
+    assert main(["train", "--data", str(log), "--init-head", str(out / HEAD_FILE), "--out", str(again), "--epochs", "2", "--json",
+                 "--features", str(tmp_path / "cache")]) == 0
+    assert DecisionHead.load(again / HEAD_FILE, 576).width == warmed.width == WARM_MEMBERS * HIDDEN_WIDTH
+    assert main([*command, "--members", "0", "--features", str(tmp_path / "cache")]) != 0
 
 
 def test_features_are_what_the_backbone_read_and_train_a_head_without_any_state(

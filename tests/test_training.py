@@ -175,7 +175,7 @@ def test_a_warm_start_of_several_members_answers_their_mean_logits_from_one_file
     assert len(history) == config.epochs
     merged.save(tmp_path / "merged.safetensors")
     loaded = DecisionHead.load(tmp_path / "merged.safetensors", size)
-    assert loaded.hidden_in.out_features == 3 * shipped.hidden_in.out_features
+    assert loaded.width == 3 * shipped.width
     with torch.no_grad():
         for f in test:
             want = torch.stack([m(f.hidden, f.lm_logprob, f.reading) for m in members]).mean(0)

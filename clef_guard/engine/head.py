@@ -154,6 +154,11 @@ class DecisionHead(nn.Module):
         return raw / self.log_temperature[k].exp()
 
     @property
+    def width(self) -> int:
+        """Width of the hidden layer (:data:`HIDDEN_WIDTH`; a multiple of it for an :func:`averaged` head)."""
+        return self.hidden_out.shape[1]
+
+    @property
     def reads_wide(self) -> bool:
         """Whether the wide map was trained: an untrained one is the identity, and the engine
         then gives wide choices to its sentence encoder."""
@@ -220,7 +225,7 @@ def averaged(heads: Sequence[DecisionHead]) -> DecisionHead:
         differs = [name for name in shared if not torch.equal(first.state_dict()[name], other.state_dict()[name])]
         if differs or other.question_temperatures != first.question_temperatures:
             raise ValueError(f"heads differ in {differs or 'question temperatures'}: only heads that share them can be averaged")
-    merged = DecisionHead(first.hidden_size, sum(h.hidden_out.shape[1] for h in heads))
+    merged = DecisionHead(first.hidden_size, sum(h.width for h in heads))
     with torch.no_grad():
         for name in shared:
             merged.state_dict()[name].copy_(first.state_dict()[name])

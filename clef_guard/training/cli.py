@@ -26,7 +26,7 @@ from rich.table import Table
 
 from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.encoder import load_encoder
-from clef_guard.engine.head import HEAD_FILE, READINGS, DecisionHead
+from clef_guard.engine.head import HEAD_FILE, HIDDEN_WIDTH, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.screen import Screen
@@ -100,8 +100,9 @@ def add_commands(commands: Any) -> None:
     )
     train.add_argument(
         "--members", type=int, default=None, metavar="N",
-        help=f"train N heads (seeds --train-seed, +1, ...) and serve their average as one head (default {WARM_MEMBERS} "
-        "with --init-head: a warm start on a few hundred rows moves with its seed, the average much less; else 1)",
+        help=f"train N heads (seeds --train-seed, +1, ...) and serve their average as one, N times wider head (default "
+        f"{WARM_MEMBERS} with an --init-head that is not itself an average: a warm start on a few hundred rows moves "
+        "with its seed, the average much less; else 1)",
     )
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
@@ -306,13 +307,15 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     if args.lora_layers and len(labeled.examples) < len(features):
         raise ClefGuardError("--lora-layers trains on states: review rows that bring only their features cannot train an adapter")
     feature_s = time.perf_counter() - started
+    if args.members is not None and args.members < 1:
+        raise ClefGuardError(f"--members must be at least 1, not {args.members}")
+    init = _init_head(args, engine)
+    single = init is not None and init.width == HIDDEN_WIDTH  # an average warm-starts as one: no growth
     overrides = {
         "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight,
-        "anchor": args.anchor, "seed": args.train_seed,
-        "members": args.members if args.members is not None else WARM_MEMBERS if args.init_head else None,
+        "anchor": args.anchor, "seed": args.train_seed, "members": args.members if args.members is not None else WARM_MEMBERS if single else None,
     }
     config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
-    init = _init_head(args, engine)
     with _progress(console, args.json) as progress:
         bar = progress.add_task("training the head", total=config.epochs * config.members)
         head, history = train_head(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from langchain_core.decisions import Question
 
-from clef_guard.engine.head import READINGS, DecisionHead, KnownQuestion, averaged
+from clef_guard.engine.head import HIDDEN_WIDTH, READINGS, DecisionHead, KnownQuestion, averaged
 from clef_guard.engine.novelty import question_text
 from clef_guard.engine.requests import parse_questions
 from clef_guard.training.calibrate import (
@@ -112,6 +112,8 @@ def train_head(
     """
     if not features:
         raise ValueError("no training examples")
+    if config.members < 1:
+        raise ValueError(f"members must be at least 1, not {config.members}")
     if config.members > 1:
         runs = [
             train_head(
@@ -123,7 +125,7 @@ def train_head(
         return averaged([head for head, _ in runs]), [sum(losses) / len(runs) for losses in zip(*(h for _, h in runs), strict=True)]
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    head = DecisionHead(hidden_size).train()
+    head = DecisionHead(hidden_size, init.width if init is not None else HIDDEN_WIDTH).train()
     if init is not None:
         head.load_state_dict(init.state_dict())
         head.question_temperatures = dict(init.question_temperatures)
