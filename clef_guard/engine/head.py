@@ -220,17 +220,19 @@ def averaged(heads: Sequence[DecisionHead]) -> DecisionHead:
     heads must share their standardisation, wide map and temperatures, as warm starts of one head on
     listed questions do; its trained questions are theirs together."""
     first = heads[0]
+    states = [head.state_dict() for head in heads]
     shared = ("feature_mean", "feature_scale", "log_temperature", *_MATCH)
-    for other in heads[1:]:
-        differs = [name for name in shared if not torch.equal(first.state_dict()[name], other.state_dict()[name])]
+    for other, state in zip(heads[1:], states[1:], strict=True):
+        differs = [name for name in shared if not torch.equal(states[0][name], state[name])]
         if differs or other.question_temperatures != first.question_temperatures:
             raise ValueError(f"heads differ in {differs or 'question temperatures'}: only heads that share them can be averaged")
     merged = DecisionHead(first.hidden_size, sum(h.width for h in heads))
+    target = merged.state_dict()  # shares storage with merged's parameters and buffers
     with torch.no_grad():
         for name in shared:
-            merged.state_dict()[name].copy_(first.state_dict()[name])
+            target[name].copy_(states[0][name])
         for name in ("proj.weight", "proj.bias", "lm_weight"):
-            merged.state_dict()[name].copy_(torch.stack([h.state_dict()[name] for h in heads]).mean(0))
+            target[name].copy_(torch.stack([state[name] for state in states]).mean(0))
         merged.hidden_norm.weight.fill_(1.0)
         merged.hidden_norm.bias.zero_()
         merged.hidden_in.weight.copy_(torch.cat([h.hidden_in.weight * h.hidden_norm.weight for h in heads]))

@@ -299,6 +299,8 @@ def _train_screen(args: argparse.Namespace, console: Console) -> int:
 def _train(args: argparse.Namespace, console: Console) -> int:
     if args.lora_layers and args.adapter:
         raise ClefGuardError("--lora-layers trains a new adapter on the plain backbone: leave out --adapter")
+    if args.members is not None and args.members < 1:  # before any row is read
+        raise ClefGuardError(f"--members must be at least 1, not {args.members}")
     started = time.perf_counter()
     engine = _engine(args)
     labeled = _labeled(args, engine, console, "reading examples with the backbone")
@@ -307,8 +309,6 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     if args.lora_layers and len(labeled.examples) < len(features):
         raise ClefGuardError("--lora-layers trains on states: review rows that bring only their features cannot train an adapter")
     feature_s = time.perf_counter() - started
-    if args.members is not None and args.members < 1:
-        raise ClefGuardError(f"--members must be at least 1, not {args.members}")
     init = _init_head(args, engine)
     single = init is not None and init.width == HIDDEN_WIDTH  # an average warm-starts as one: no growth
     overrides = {
