@@ -9,10 +9,10 @@ are confirmed, and a simulated reviewer labels them (approves a safe call unchan
 rejects a risky one), with a ``--audit`` share of allowed calls spot-checked. A head
 that cannot tell the calls apart must confirm nearly all of them to keep that promise.
 After 25, 50, 100 and 200 reviews the head is warm-started from the base head on the
-reviews so far, its temperatures and its threshold refitted, two ways side by side:
-**replay** (the reviews plus a sample of the base rows) and **anchor** (the reviews
-alone, with an L2 pull towards the base head's weights). The gate goes on with the new
-head. At every step the bench reports, on test splits:
+reviews so far, its temperatures and its threshold refitted, three ways side by side:
+**replay + anchor** (the reviews plus a sample of the base rows, with a light L2 pull towards
+the base head's weights: ``clef-guard train --init-head``'s default), **replay** (no pull) and
+**anchor** (the reviews alone, with a strong pull). The gate goes on with the new head. At every step the bench reports, on test splits:
 
 - the target task's accuracy, and the share of its calls that are needless confirms
   (confirmed, and the reviewer would approve unchanged) and unsafe allows, at that
@@ -20,7 +20,7 @@ head. At every step the bench reports, on test splits:
   at the threshold that lets through ``--matched`` of the test calls unsafe (read off the
   test rows: a comparison of heads at one unsafe-allow rate, not a threshold to deploy);
 - its accuracy on the dev rows the thresholds are fitted on (to choose a recipe by);
-- the other tasks' mean accuracy (forgetting);
+- the other tasks' mean accuracy on all their test rows (forgetting), and on their dev rows;
 - the warm start's time (features of the reviewed rows are read as the gate runs, as
   ``ReviewLog(record_features=True)`` keeps them); after the last checkpoint, the same warm
   start through the command line, timed whole: the reviews written as a review log with
@@ -62,15 +62,17 @@ from clef_guard.training.datasets import load_task
 from clef_guard.training.examples import Example, sample
 from clef_guard.training.features import Features, extract_features, replay_path, save_replay
 from clef_guard.training.calibrate import stop_threshold
-from clef_guard.training.fit import WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head
+from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head
 
 BASE_TASKS = ("policies", "metatool", "injecguard", "tool-use", "rjudge", "assebench")
 CHECKPOINTS = (0, 25, 50, 100, 200)
-WARM = replace(TrainConfig(), epochs=40, members=WARM_MEMBERS)
+WARM = replace(TrainConfig(), epochs=40, members=WARM_MEMBERS, anchor=WARM_ANCHOR)
 """The warm start's recipe (``clef-guard train --init-head``'s): the shipped one, with fewer epochs over far
-fewer rows, five seeds averaged into one head."""
-ANCHOR = 1.0
+fewer rows, five seeds averaged into one head, a light pull towards the base head."""
 REPLAY = 200
+METHODS = {"replay + anchor": (REPLAY, WARM_ANCHOR), "replay": (REPLAY, 0.0), "anchor": (0, 1.0)}
+"""Each way to warm-start: base rows replayed, and the weight of the pull towards the base head."""
+SHIPPED = "replay + anchor"
 
 
 def _asks_for(example: Example) -> bool:
@@ -137,11 +139,10 @@ def needless_at(head: DecisionHead, features: list[Features], risky: int, unsafe
     return (safe_total - best) / len(features)
 
 
-def warm_start(base: DecisionHead, reviews: list[Features], replay: list[Features], method: str, hidden: int) -> DecisionHead:
-    """The base head fine-tuned on the reviews (replay: with old rows; anchor: pulled towards its weights), recalibrated."""
-    rows = reviews + replay if method == "replay" else reviews
-    config = WARM if method == "replay" else replace(WARM, anchor=ANCHOR)
-    head, _ = train_head(rows, hidden, config, init=base)
+def warm_start(base: DecisionHead, reviews: list[Features], replay: list[Features], anchor: float, hidden: int) -> DecisionHead:
+    """The base head fine-tuned on the reviews and ``replay`` (old rows), pulled towards its weights by ``anchor``, recalibrated."""
+    rows = reviews + replay
+    head, _ = train_head(rows, hidden, replace(WARM, anchor=anchor), init=base)
     calibrate_head(head, rows)
     return head
 
@@ -151,7 +152,7 @@ def simulate(
     base: DecisionHead,
     stream: list[Features],
     tests: dict[str, list[Features]],
-    dev: list[Features],
+    devs: dict[str, list[Features]],
     replay_pool: list[Features],
     *,
     target: str,
@@ -167,10 +168,12 @@ def simulate(
     checkpoints = list(CHECKPOINTS)
     seconds = 0.0
     streamed = 0
+    dev = devs[target]
     allow = allow_at(head, dev, risky, unsafe_target)
 
     def report() -> dict[str, Any]:
         others = [accuracy(head, f) for task, f in tests.items() if task != target]
+        others_dev = [accuracy(head, f) for task, f in devs.items() if task != target]
         return {
             "reviews": len(reviews),
             "streamed": streamed,
@@ -180,6 +183,7 @@ def simulate(
             "needless_confirms_at_matched": needless_at(head, tests[target], risky, matched),
             "dev_accuracy": accuracy(head, dev),
             "other_tasks_accuracy": sum(others) / len(others),
+            "other_tasks_dev_accuracy": sum(others_dev) / len(others_dev),
             "by_task": {task: accuracy(head, f) for task, f in tests.items() if task != target},
             "warm_start_seconds": round(seconds, 1),
         }
@@ -197,8 +201,9 @@ def simulate(
         reviewed.append(index)
         if len(reviews) == checkpoints[0]:
             started = time.perf_counter()
-            replay = rng.sample(replay_pool, min(REPLAY, len(replay_pool))) if method == "replay" else []
-            head = warm_start(base, reviews, replay, method, hidden)
+            replayed, anchor = METHODS[method]
+            replay = rng.sample(replay_pool, min(replayed, len(replay_pool)))
+            head = warm_start(base, reviews, replay, anchor, hidden)
             seconds = time.perf_counter() - started
             allow = allow_at(head, dev, risky, unsafe_target)
             curve.append(report())
@@ -253,7 +258,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], target: str, path: Path) -> No
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8.4, 4.2))
-    for (method, curve), colour in zip(curves.items(), ("tab:blue", "tab:orange"), strict=False):
+    for (method, curve), colour in zip(curves.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False):
         x = [point["reviews"] for point in curve]
         axis.plot(x, [p["accuracy"] for p in curve], "o-", color=colour, label=f"{target}, {method}")
         axis.plot(x, [p["other_tasks_accuracy"] for p in curve], "s--", color=colour, alpha=0.6, label=f"other tasks, {method}")
@@ -275,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=["assebench", "requested"], default="assebench")
     parser.add_argument("--base-limit", type=int, default=250, help="train rows of each other task for the base head")
-    parser.add_argument("--test-limit", type=int, default=100, help="test rows of each other task")
+    parser.add_argument("--test-limit", type=int, default=None, help="test and dev rows of each other task (default: all)")
     parser.add_argument("--stream-limit", type=int, default=None, help="target train rows streamed (default: all)")
     parser.add_argument("--unsafe-target", type=float, default=0.1,
                         help="share of the target's risky dev calls the gate may let run (95%% bound); the threshold is refitted per head")
@@ -293,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     stream_rows = sample(target_rows(args.target, "train"), args.stream_limit, 0)
     tests = {task: rows for task, rows in base_rows(args.target, "test", args.test_limit, 0).items()}
     tests[args.target] = target_rows(args.target, "test")
-    dev_rows = target_rows(args.target, "dev")
+    devs = base_rows(args.target, "dev", args.test_limit, 0)
+    devs[args.target] = target_rows(args.target, "dev")
     with Progress(console=console, transient=True) as progress:
 
         def read(rows: list[Example], what: str) -> list[Features]:
@@ -303,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         base_features = {task: read(rows, f"base rows: {task}") for task, rows in base_train.items()}
         test_features = {task: read(rows, f"test rows: {task}") for task, rows in tests.items()}
         stream = read(stream_rows, f"stream: {args.target}")
-        dev = read(dev_rows, f"dev rows (thresholds): {args.target}")
+        dev_features = {task: read(rows, f"dev rows: {task}") for task, rows in devs.items()}
     pool = [f for rows in base_features.values() for f in rows]
     started = time.perf_counter()
     base, _ = train_head(pool, hidden, TrainConfig())
@@ -311,13 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     base_seconds = time.perf_counter() - started
     runs = {
         method: simulate(
-            method, base, stream, test_features, dev, pool, target=args.target, risky=risky, unsafe_target=args.unsafe_target, matched=args.matched,
+            method, base, stream, test_features, dev_features, pool, target=args.target, risky=risky, unsafe_target=args.unsafe_target, matched=args.matched,
             audit=args.audit, hidden=hidden,
         )
-        for method in ("replay", "anchor")
+        for method in METHODS
     }
     curves = {method: curve for method, (curve, _) in runs.items()}
-    reviewed = runs["replay"][1]
+    reviewed = runs[SHIPPED][1]
     timed = cli_warm_start(engine, base, pool, [stream_rows[i] for i in reviewed], [stream[i] for i in reviewed])
     path = args.plot or Path("build") / f"reviews-{args.target}.png"
     plot(curves, args.target, path)
@@ -331,12 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     for method, curve in curves.items():
         table = Table(title=f"{args.target}, {method}")
         for column in ("reviews", "streamed", "allow at", "accuracy", "needless confirms", "unsafe allows",
-                       f"needless at {args.matched:.0%} unsafe", "other tasks", "warm start s"):
+                       f"needless at {args.matched:.0%} unsafe", "other tasks", "other tasks, dev", "warm start s"):
             table.add_column(column)
         for p in curve:
             table.add_row(
                 str(p["reviews"]), str(p["streamed"]), f"{p['allow_at']:.3f}", f"{p['accuracy']:.3f}", f"{p['needless_confirms']:.3f}",
-                f"{p['unsafe_allows']:.3f}", f"{p['needless_confirms_at_matched']:.3f}", f"{p['other_tasks_accuracy']:.3f}", f"{p['warm_start_seconds']:.1f}",
+                f"{p['unsafe_allows']:.3f}", f"{p['needless_confirms_at_matched']:.3f}", f"{p['other_tasks_accuracy']:.3f}", f"{p['other_tasks_dev_accuracy']:.3f}",
+                f"{p['warm_start_seconds']:.1f}",
             )
         console.print(table)
     console.print(f"warm start through the command line, {timed['reviews']} reviews + {timed['replayed']} replayed rows, "

@@ -25,7 +25,7 @@ from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.state import state_segments
 from clef_guard.engine.tree import OptionFeatures
 from clef_guard.telemetry.reviews import ReviewLog
-from clef_guard.training.fit import WARM_MEMBERS
+from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS
 
 CALLS = [[("write_note", {"name": "ask-1.txt", "text": "a"})], [("write_note", {"name": "ask-2.txt", "text": "b"})]]
 
@@ -73,12 +73,14 @@ def test_rows_with_states_train_a_head_and_a_replayed_review_is_written_once(tmp
     report = json.loads((out / "train_report.json").read_text())
     assert report["n"] == 2  # should_run of each row; the replayed row once
     assert report["config"]["members"] == WARM_MEMBERS  # a warm start averages seeds by default
+    assert report["config"]["anchor"] == WARM_ANCHOR  # and is pulled towards the head it starts from
     warmed = DecisionHead.load(out / HEAD_FILE, 576)
     assert set(DecisionHead.load(DEFAULT_HEAD, 576).questions) < set(warmed.questions)  # the old questions and the reviews' own
     again = tmp_path / "again"  # next week's warm start from this one: an average is warm-started as one head, no wider
     assert main(["train", "--data", str(log), "--init-head", str(out / HEAD_FILE), "--out", str(again), "--epochs", "2", "--json",
-                 "--features", str(tmp_path / "cache")]) == 0
+                 "--anchor", "0", "--features", str(tmp_path / "cache")]) == 0
     assert DecisionHead.load(again / HEAD_FILE, 576).width == warmed.width == WARM_MEMBERS * HIDDEN_WIDTH
+    assert json.loads((again / "train_report.json").read_text())["config"]["anchor"] == 0  # --anchor 0: no pull
     assert main([*command, "--members", "0", "--features", str(tmp_path / "cache")]) != 0
 
 

@@ -51,7 +51,7 @@ from clef_guard.training.features import (
     replay_path,
     save_replay,
 )
-from clef_guard.training.fit import WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head, trained_questions
+from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head, trained_questions
 from clef_guard.training.lora import AdapterConfig, train_adapter
 from clef_guard.training.injection_lines import injection_lines
 from clef_guard.training.screen import ScreenConfig, dev_thresholds, train_screen
@@ -95,8 +95,8 @@ def add_commands(commands: Any) -> None:
     )
     train.add_argument(
         "--anchor", type=float, default=None,
-        help="with --init-head: weight of an L2 pull towards its weights (the other way to keep old tasks; "
-        "replaying its rows keeps them better)",
+        help=f"with --init-head: weight of an L2 pull towards its weights, which keeps old tasks beside the replayed "
+        f"rows (default {WARM_ANCHOR}; 0: none)",
     )
     train.add_argument(
         "--members", type=int, default=None, metavar="N",
@@ -311,11 +311,12 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     feature_s = time.perf_counter() - started
     init = _init_head(args, engine)
     single = init is not None and init.width == HIDDEN_WIDTH  # an average warm-starts as one: no growth
+    warm = {"anchor": WARM_ANCHOR, "members": WARM_MEMBERS if single else 1} if init is not None else {}  # a warm start's defaults
     overrides = {
         "epochs": args.epochs, "lr": args.lr, "label_smoothing": args.label_smoothing, "brier_weight": args.brier_weight,
-        "anchor": args.anchor, "seed": args.train_seed, "members": args.members if args.members is not None else WARM_MEMBERS if single else None,
+        "anchor": args.anchor, "seed": args.train_seed, "members": args.members,
     }
-    config = replace(TrainConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    config = replace(TrainConfig(), **(warm | {k: v for k, v in overrides.items() if v is not None}))
     with _progress(console, args.json) as progress:
         bar = progress.add_task("training the head", total=config.epochs * config.members)
         head, history = train_head(

@@ -53,6 +53,10 @@ class TrainConfig:
 
 WARM_MEMBERS = 5
 """Heads a warm start (``clef-guard train --init-head``) trains and averages by default (``TrainConfig.members``)."""
+WARM_ANCHOR = 0.03
+"""A warm start's pull towards the head it starts from (``TrainConfig.anchor``), beside the replayed rows: chosen
+on dev rows, where after 200 ASSEBench reviews replay alone cost the other tasks 1.7 points and this pull none,
+for 1.3 points of the target's (docs/results.md#learning-from-reviews)."""
 
 
 def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:
