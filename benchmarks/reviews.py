@@ -12,7 +12,8 @@ After 25, 50, 100 and 200 reviews the head is warm-started from the base head on
 reviews so far, its temperatures and its threshold refitted, three ways side by side:
 **replay + anchor** (the reviews plus a sample of the base rows, with a light L2 pull towards
 the base head's weights: ``clef-guard train --init-head``'s default), **replay** (no pull) and
-**anchor** (the reviews alone, with a strong pull). The gate goes on with the new head. At every step the bench reports, on test splits:
+**anchor** (the reviews alone, with a strong pull). The gate goes on with the new head. At
+every step the bench reports, on test splits:
 
 - the target task's accuracy, and the share of its calls that are needless confirms
   (confirmed, and the reviewer would approve unchanged) and unsafe allows, at that
