@@ -31,7 +31,10 @@ every step the bench reports, on test splits:
 Targets: ``assebench`` (is the agent's action unsafe?) and ``requested`` (the policies
 task's "did the user ask for this?" questions; risky means *not* asked for).
 
-    python benchmarks/reviews.py [--target assebench|requested] [--json] [--plot FILE.png]
+    python benchmarks/reviews.py [--target assebench|requested] [--seed N] [--method NAME] [--json] [--plot FILE.png]
+
+``--seed`` runs another deployment (the stream in another order, other replay and audit draws): a
+curve moves with it, most at few reviews, so compare methods within one seed.
 """
 
 from __future__ import annotations
@@ -162,9 +165,11 @@ def simulate(
     matched: float,
     audit: float,
     hidden: int,
+    seed: int = 0,
 ) -> tuple[list[dict[str, Any]], list[int]]:
-    """Run the stream once with ``method``: one report per checkpoint, and which rows of the stream were reviewed."""
-    rng, audits = random.Random(0), random.Random(1)
+    """Run the stream once with ``method`` (``seed`` draws the replayed rows and the audits): one report per
+    checkpoint, and which rows of the stream were reviewed."""
+    rng, audits = random.Random(seed), random.Random(seed + 1)
     head, reviews, curve = base, [], []
     checkpoints = list(CHECKPOINTS)
     seconds = 0.0
@@ -288,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matched", type=float, default=0.05,
                         help="also compare heads at this share of test calls let through unsafe (thresholds read off the test rows)")
     parser.add_argument("--audit", type=float, default=0.1, help="share of allowed calls a reviewer spot-checks")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="another deployment: the stream shuffled and other replay and audit draws (0: the train split's order)")
+    parser.add_argument("--method", dest="methods", action="append", choices=list(METHODS),
+                        help="warm starts to compare (repeat; default: all)")
     parser.add_argument("--plot", type=Path, default=None, help="learning-curve PNG (default: build/reviews-TARGET.png)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -297,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     hidden = engine.backbone.hidden_size
     base_train = base_rows(args.target, "train", args.base_limit, 0)
     stream_rows = sample(target_rows(args.target, "train"), args.stream_limit, 0)
+    if args.seed:
+        stream_rows = random.Random(args.seed).sample(stream_rows, len(stream_rows))
     tests = {task: rows for task, rows in base_rows(args.target, "test", args.test_limit, 0).items()}
     tests[args.target] = target_rows(args.target, "test")
     devs = base_rows(args.target, "dev", args.test_limit, 0)
@@ -319,17 +330,17 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         method: simulate(
             method, base, stream, test_features, dev_features, pool, target=args.target, risky=risky, unsafe_target=args.unsafe_target, matched=args.matched,
-            audit=args.audit, hidden=hidden,
+            audit=args.audit, hidden=hidden, seed=args.seed,
         )
-        for method in METHODS
+        for method in args.methods or METHODS
     }
     curves = {method: curve for method, (curve, _) in runs.items()}
-    reviewed = runs[SHIPPED][1]
+    reviewed = runs[SHIPPED if SHIPPED in runs else next(iter(runs))][1]
     timed = cli_warm_start(engine, base, pool, [stream_rows[i] for i in reviewed], [stream[i] for i in reviewed])
     path = args.plot or Path("build") / f"reviews-{args.target}.png"
     plot(curves, args.target, path)
     result = {
-        "target": args.target, "unsafe_target": args.unsafe_target, "matched": args.matched, "audit": args.audit, "base_rows": len(pool), "stream_rows": len(stream),
+        "target": args.target, "seed": args.seed, "unsafe_target": args.unsafe_target, "matched": args.matched, "audit": args.audit, "base_rows": len(pool), "stream_rows": len(stream),
         "base_train_seconds": round(base_seconds, 1), "curves": curves, "cli_warm_start": timed, "plot": str(path),
     }
     if args.json:
