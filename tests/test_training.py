@@ -18,6 +18,7 @@ from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features, load_replay, replay_path, save_replay
 from clef_guard.training.fit import (
     TrainConfig,
+    batch_loss,
     calibrate_head,
     option_loss,
     predict,
@@ -72,6 +73,30 @@ def test_the_hidden_layer_learns_a_rule_no_linear_probe_can() -> None:
     assert _accuracy(head, features[500:]) >= 0.75
     head.hidden_out.data.zero_()
     assert _accuracy(head, features[500:]) < 0.65, "the linear part alone cannot have learned it"
+
+
+def test_a_batch_goes_through_the_head_at_once_as_each_question_would_alone() -> None:
+    """Training reads a ragged batch (nouls, choices and scores, one with its own temperature) in one
+    pass: its loss and gradients are those of the questions one by one."""
+    generator = torch.Generator().manual_seed(0)
+    head = DecisionHead(8).eval()  # dropout off: the two ways must see the same units
+    for parameter in head.parameters():
+        parameter.data.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    head.question_temperatures = {"own": 2.5}
+    batch = [
+        Features(reading, torch.randn(n, 8, generator=generator), torch.randn(n, generator=generator), label, question=question)
+        for reading, n, label, question in
+        [("noul", 2, 1, None), ("choice", 5, 3, None), ("score", 4, 0, "own"), ("noul", 2, 0, "other"), ("choice", 3, 2, None)]
+    ]
+    together = batch_loss(head, batch, label_smoothing=0.05, brier_weight=1.0)
+    alone = torch.stack([option_loss(item.logits(head), item.label, label_smoothing=0.05, brier_weight=1.0) for item in batch]).mean()
+    assert torch.allclose(together, alone, atol=1e-5)
+    trained = [p for p in head.parameters() if p.requires_grad]
+    gradients = [torch.autograd.grad(loss, trained, allow_unused=True, materialize_grads=True) for loss in (together, alone)]
+    for a, b in zip(*gradients, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    for item, row in zip(batch, predict(head, batch), strict=True):
+        assert torch.allclose(row, torch.softmax(item.logits(head), -1), atol=1e-6)
 
 
 def test_what_a_head_learns_does_not_depend_on_each_feature_dimension_s_scale(tmp_path: Path) -> None:

@@ -137,21 +137,32 @@ class DecisionHead(nn.Module):
         picks its own temperature where it has one.
         """
         k = READINGS.index(reading)
-        hidden = hidden.to(self.proj.weight.dtype)
         if reading == "wide":  # no per-option weights: they would learn the training labels, not the match
             if query is None:
                 raise ValueError("a wide choice is scored against the question's query vector")
+            hidden = hidden.to(self.proj.weight.dtype)
             query = query.to(hidden.dtype)
             mapped = centred_cosine(self.wide_map(query), self.wide_map(hidden))
             raw = self.lm_weight[k] * lm_logprob + self.log_match_scale.exp() * (mapped - centred_cosine(query, hidden))
         else:
-            hidden = (hidden - self.feature_mean) / self.feature_scale
-            shared = nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden))))
-            raw = hidden @ self.proj.weight[k] + self.proj.bias[k] + self.dropout(shared) @ self.hidden_out[k]
-            raw = raw + self.lm_weight[k] * lm_logprob
+            raw = self.listed(hidden, lm_logprob, torch.full((len(hidden),), k))
+        return raw / self.temperature(reading, question)
+
+    def listed(self, hidden: torch.Tensor, lm_logprob: torch.Tensor, readings: torch.Tensor) -> torch.Tensor:
+        """Logits before temperature of options read as listed, of any number of questions at once:
+        ``hidden`` ``[N, H]``, ``lm_logprob`` ``[N]`` and ``readings`` (each row's index in :data:`READINGS`) ``[N]``."""
+        hidden = (hidden.to(self.proj.weight.dtype) - self.feature_mean) / self.feature_scale
+        shared = self.dropout(nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden)))))
+        readings = readings.to(hidden.device)
+        column = readings[:, None]
+        raw = (hidden @ self.proj.weight.T).gather(1, column) + (shared @ self.hidden_out.T).gather(1, column)
+        return raw.squeeze(1) + self.proj.bias[readings] + self.lm_weight[readings] * lm_logprob
+
+    def temperature(self, reading: str, question: str | None = None) -> float:
+        """What a question's logits are divided by: its own temperature where it has one, else its reading's."""
         if question in self.question_temperatures:
-            return raw / self.question_temperatures[question]
-        return raw / self.log_temperature[k].exp()
+            return self.question_temperatures[question]
+        return float(self.log_temperature[READINGS.index(reading)].exp())
 
     @property
     def width(self) -> int:

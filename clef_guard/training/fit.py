@@ -74,24 +74,43 @@ def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, bri
 def batch_loss(
     head: DecisionHead, batch: Sequence[Features], *, label_smoothing: float, brier_weight: float
 ) -> torch.Tensor:
-    """Mean :func:`option_loss` over a ragged batch of cached features."""
-    return torch.stack(
-        [
-            option_loss(logits, item.label, label_smoothing=label_smoothing, brier_weight=brier_weight)
-            for item, logits in zip(batch, _batch_logits(head, batch), strict=True)
-        ]
-    ).mean()
+    """Mean :func:`option_loss` over a ragged batch of cached features (computed at once, options padded)."""
+    logits = _batch_logits(head, batch)
+    sizes = torch.tensor([len(row) for row in logits])
+    padded = torch.nn.utils.rnn.pad_sequence(logits, batch_first=True, padding_value=-math.inf)
+    present = torch.arange(padded.shape[1]) < sizes[:, None]
+    log_probs = torch.log_softmax(padded, dim=-1).masked_fill(~present, 0.0)
+    onehot = torch.nn.functional.one_hot(torch.tensor([item.label for item in batch]), padded.shape[1]).float()
+    target = present * label_smoothing / sizes[:, None] + (1.0 - label_smoothing) * onehot
+    brier = ((log_probs.exp() * present - onehot) ** 2).sum(-1)
+    return (-(target * log_probs).sum(-1) + brier_weight * brier).mean()
+
+
+_LISTED_CHUNK = 1024
+"""Questions read as listed that go through the head in one pass (bounds the memory of a large ``predict``)."""
 
 
 def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.Tensor]:
-    """Each item's logits; wide items that share a question's option vectors go through ``head`` at once."""
+    """Each item's logits: listed items go through ``head`` together, and so do wide items that share a
+    question's option vectors."""
     logits: dict[int, torch.Tensor] = {}
     shared: dict[tuple[int, str | None], list[tuple[int, torch.Tensor]]] = {}  # by options and question
+    listed = []
     for index, item in enumerate(batch):
-        if item.reading == "wide" and item.query is not None:
+        if item.reading != "wide":
+            listed.append(index)
+        elif item.query is not None:
             shared.setdefault((id(item.hidden), item.question), []).append((index, item.query))
         else:
-            logits[index] = item.logits(head)
+            logits[index] = item.logits(head)  # raises: a wide choice needs its query
+    for start in range(0, len(listed), _LISTED_CHUNK):
+        chunk = listed[start : start + _LISTED_CHUNK]
+        sizes = [len(batch[index].hidden) for index in chunk]
+        rows = torch.tensor(sizes)
+        readings = torch.tensor([READINGS.index(batch[index].reading) for index in chunk]).repeat_interleave(rows)
+        temperatures = torch.tensor([head.temperature(batch[index].reading, batch[index].question) for index in chunk])
+        raw = head.listed(torch.cat([batch[index].hidden for index in chunk]), torch.cat([batch[index].lm_logprob for index in chunk]), readings)
+        logits.update(zip(chunk, (raw / temperatures.repeat_interleave(rows)).split(sizes), strict=True))
     for group in shared.values():
         options = batch[group[0][0]].hidden
         scores = torch.stack([batch[index].lm_logprob for index, _ in group])
