@@ -158,11 +158,11 @@ class DecisionHead(nn.Module):
         raw = (hidden @ self.proj.weight.T).gather(1, column) + (shared @ self.hidden_out.T).gather(1, column)
         return raw.squeeze(1) + self.proj.bias[readings] + self.lm_weight[readings] * lm_logprob
 
-    def temperature(self, reading: str, question: str | None = None) -> float:
-        """What a question's logits are divided by: its own temperature where it has one, else its reading's."""
+    def temperature(self, reading: str, question: str | None = None) -> torch.Tensor:
+        """What a question's logits are divided by (a scalar): its own temperature where it has one, else its reading's."""
         if question in self.question_temperatures:
-            return self.question_temperatures[question]
-        return float(self.log_temperature[READINGS.index(reading)].exp())
+            return torch.tensor(self.question_temperatures[question])
+        return self.log_temperature[READINGS.index(reading)].exp()
 
     @property
     def width(self) -> int:

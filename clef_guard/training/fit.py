@@ -108,7 +108,7 @@ def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.T
         sizes = [len(batch[index].hidden) for index in chunk]
         rows = torch.tensor(sizes)
         readings = torch.tensor([READINGS.index(batch[index].reading) for index in chunk]).repeat_interleave(rows)
-        temperatures = torch.tensor([head.temperature(batch[index].reading, batch[index].question) for index in chunk])
+        temperatures = torch.stack([head.temperature(batch[index].reading, batch[index].question) for index in chunk])
         raw = head.listed(torch.cat([batch[index].hidden for index in chunk]), torch.cat([batch[index].lm_logprob for index in chunk]), readings)
         logits.update(zip(chunk, (raw / temperatures.repeat_interleave(rows)).split(sizes), strict=True))
     for group in shared.values():
