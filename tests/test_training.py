@@ -88,6 +88,10 @@ def test_a_batch_goes_through_the_head_at_once_as_each_question_would_alone() ->
         for reading, n, label, question in
         [("noul", 2, 1, None), ("choice", 5, 3, None), ("score", 4, 0, "own"), ("noul", 2, 0, "other"), ("choice", 3, 2, None)]
     ]
+    logits, label = batch[1].logits(head), batch[1].label  # one question's loss, written out
+    smoothed = torch.full((5,), 0.05 / 5) + 0.95 * torch.nn.functional.one_hot(torch.tensor(label), 5)
+    by_hand = -(smoothed * logits.log_softmax(-1)).sum() + ((logits.softmax(-1) - torch.eye(5)[label]) ** 2).sum()
+    assert torch.allclose(option_loss(logits, label, label_smoothing=0.05, brier_weight=1.0), by_hand, atol=1e-5)
     together = batch_loss(head, batch, label_smoothing=0.05, brier_weight=1.0)
     alone = torch.stack([option_loss(item.logits(head), item.label, label_smoothing=0.05, brier_weight=1.0) for item in batch]).mean()
     assert torch.allclose(together, alone, atol=1e-5)

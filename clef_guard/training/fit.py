@@ -59,31 +59,32 @@ on dev rows, where after 200 ASSEBench reviews replay alone cost the other tasks
 for 1.3 points of the target's (docs/results.md#learning-from-reviews)."""
 
 
+def option_losses(
+    logits: Sequence[torch.Tensor], labels: Sequence[int], *, label_smoothing: float, brier_weight: float
+) -> torch.Tensor:
+    """Label-smoothed cross-entropy plus ``brier_weight`` times the Brier score of each question, computed at
+    once over ragged ``logits`` (their options padded)."""
+    padded = torch.nn.utils.rnn.pad_sequence(list(logits), batch_first=True, padding_value=-math.inf)
+    sizes = torch.tensor([len(row) for row in logits], device=padded.device)
+    present = torch.arange(padded.shape[1], device=padded.device) < sizes[:, None]
+    log_probs = torch.log_softmax(padded, dim=-1).masked_fill(~present, 0.0)
+    onehot = torch.nn.functional.one_hot(torch.tensor(list(labels), device=padded.device), padded.shape[1]).to(padded.dtype)
+    target = present * label_smoothing / sizes[:, None] + (1.0 - label_smoothing) * onehot
+    brier = ((log_probs.exp() * present - onehot) ** 2).sum(-1)
+    return -(target * log_probs).sum(-1) + brier_weight * brier
+
+
 def option_loss(logits: torch.Tensor, label: int, *, label_smoothing: float, brier_weight: float) -> torch.Tensor:
-    """Label-smoothed cross-entropy plus ``brier_weight`` times the Brier score of one question."""
-    n = logits.shape[0]
-    log_probs = torch.log_softmax(logits, dim=-1)
-    target = torch.full((n,), label_smoothing / n)
-    target[label] += 1.0 - label_smoothing
-    onehot = torch.zeros(n)
-    onehot[label] = 1.0
-    brier = ((log_probs.exp() - onehot) ** 2).sum()
-    return -(target * log_probs).sum() + brier_weight * brier
+    """:func:`option_losses` of one question."""
+    return option_losses([logits], [label], label_smoothing=label_smoothing, brier_weight=brier_weight)[0]
 
 
 def batch_loss(
     head: DecisionHead, batch: Sequence[Features], *, label_smoothing: float, brier_weight: float
 ) -> torch.Tensor:
-    """Mean :func:`option_loss` over a ragged batch of cached features (computed at once, options padded)."""
-    logits = _batch_logits(head, batch)
-    sizes = torch.tensor([len(row) for row in logits])
-    padded = torch.nn.utils.rnn.pad_sequence(logits, batch_first=True, padding_value=-math.inf)
-    present = torch.arange(padded.shape[1]) < sizes[:, None]
-    log_probs = torch.log_softmax(padded, dim=-1).masked_fill(~present, 0.0)
-    onehot = torch.nn.functional.one_hot(torch.tensor([item.label for item in batch]), padded.shape[1]).float()
-    target = present * label_smoothing / sizes[:, None] + (1.0 - label_smoothing) * onehot
-    brier = ((log_probs.exp() * present - onehot) ** 2).sum(-1)
-    return (-(target * log_probs).sum(-1) + brier_weight * brier).mean()
+    """Mean :func:`option_losses` over a ragged batch of cached features."""
+    labels = [item.label for item in batch]
+    return option_losses(_batch_logits(head, batch), labels, label_smoothing=label_smoothing, brier_weight=brier_weight).mean()
 
 
 _LISTED_CHUNK = 1024
