@@ -8,12 +8,16 @@ Clopper-Pearson bound, as ``clef-guard calibrate --allow-threshold`` fits it); t
 are confirmed, and a simulated reviewer labels them (approves a safe call unchanged,
 rejects a risky one), with a ``--audit`` share of allowed calls spot-checked. A head
 that cannot tell the calls apart must confirm nearly all of them to keep that promise.
-After 25, 50, 100 and 200 reviews the head is warm-started from the base head on the
-reviews so far, its temperatures and its threshold refitted, three ways side by side:
-**replay + anchor** (the reviews plus a sample of the base rows, with a light L2 pull towards
-the base head's weights: ``clef-guard train --init-head``'s default), **replay** (no pull) and
-**anchor** (the reviews alone, with a strong pull). The gate goes on with the new head. At
-every step the bench reports, on test splits:
+After 25, 50, 100 and 200 reviews the head learns from the reviews so far, its threshold
+refitted, in one of these ways (``--method``; all by default):
+**replay + anchor + readouts** (``clef-guard train --init-head``'s default: the head
+warm-started from the base head on the reviews plus a sample of the base rows, with a light L2
+pull towards the base head's weights, recalibrated; then the reviewed question gets a readout
+of its own, :mod:`clef_guard.training.readout`, fitted on the reviews and the base rows that
+ask the same question, where it beats the base head out of fold),
+**replay + anchor** (no readouts), **readouts** (the base head as it is, with readouts),
+**replay** (warm start without the pull) and **anchor** (the reviews alone, a strong pull).
+The gate goes on with the new head. At every step the bench reports, on test splits:
 
 - the target task's accuracy, and the share of its calls that are needless confirms
   (confirmed, and the reviewer would approve unchanged) and unsafe allows, at that
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import random
@@ -49,7 +54,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -67,6 +72,7 @@ from clef_guard.training.examples import Example, sample
 from clef_guard.training.features import Features, extract_features, replay_path, save_replay
 from clef_guard.training.calibrate import stop_threshold
 from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head
+from clef_guard.training.readout import fit_readouts
 
 BASE_TASKS = ("policies", "metatool", "injecguard", "tool-use", "rjudge", "assebench")
 CHECKPOINTS = (0, 25, 50, 100, 200)
@@ -74,9 +80,27 @@ WARM = replace(TrainConfig(), epochs=40, members=WARM_MEMBERS, anchor=WARM_ANCHO
 """The warm start's recipe (``clef-guard train --init-head``'s): the shipped one, with fewer epochs over far
 fewer rows, five seeds averaged into one head, a light pull towards the base head."""
 REPLAY = 200
-METHODS = {"replay + anchor": (REPLAY, WARM_ANCHOR), "replay": (REPLAY, 0.0), "anchor": (0, 1.0)}
-"""Each way to warm-start: base rows replayed, and the weight of the pull towards the base head."""
-SHIPPED = "replay + anchor"
+class Method(NamedTuple):
+    """One way to learn from the reviews so far."""
+
+    replay: int
+    """Base rows drawn to warm-start on beside the reviews (a readout reads every base row of its question)."""
+    anchor: float
+    """Weight of the warm start's pull towards the base head."""
+    warm: bool = True
+    """Warm-start the head (else keep the base head as it is)."""
+    readouts: bool = False
+    """Give questions with enough rows readouts of their own (``clef-guard train --init-head``'s default)."""
+
+
+METHODS = {
+    "replay + anchor + readouts": Method(REPLAY, WARM_ANCHOR, readouts=True),
+    "replay + anchor": Method(REPLAY, WARM_ANCHOR),
+    "readouts": Method(REPLAY, 0.0, warm=False, readouts=True),
+    "replay": Method(REPLAY, 0.0),
+    "anchor": Method(0, 1.0),
+}
+SHIPPED = "replay + anchor + readouts"
 
 
 def _asks_for(example: Example) -> bool:
@@ -207,9 +231,11 @@ def simulate(
         reviewed.append(index)
         if len(reviews) == checkpoints[0]:
             started = time.perf_counter()
-            replayed, anchor = METHODS[method]
-            replay = rng.sample(replay_pool, min(replayed, len(replay_pool)))
-            head = warm_start(base, reviews, replay, anchor, hidden)
+            how = METHODS[method]
+            replay = rng.sample(replay_pool, min(how.replay, len(replay_pool)))
+            head = warm_start(base, reviews, replay, how.anchor, hidden) if how.warm else copy.deepcopy(base)
+            if how.readouts:
+                fit_readouts(head, reviews, judge=base, replayed=replay_pool)
             seconds = time.perf_counter() - started
             allow = allow_at(head, dev, risky, unsafe_target)
             curve.append(report())
@@ -264,7 +290,8 @@ def plot(curves: dict[str, list[dict[str, Any]]], target: str, path: Path) -> No
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8.4, 4.2))
-    for (method, curve), colour in zip(curves.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False):
+    for index, (method, curve) in enumerate(curves.items()):
+        colour = f"C{index}"  # matplotlib's cycle: one colour a method
         x = [point["reviews"] for point in curve]
         axis.plot(x, [p["accuracy"] for p in curve], "o-", color=colour, label=f"{target}, {method}")
         axis.plot(x, [p["other_tasks_accuracy"] for p in curve], "s--", color=colour, alpha=0.6, label=f"other tasks, {method}")
@@ -282,7 +309,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], target: str, path: Path) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train the base head, run both methods over the stream, print the curves (or JSON)."""
+    """Train the base head, run each method over the stream, print the curves (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=["assebench", "requested"], default="assebench")
     parser.add_argument("--base-limit", type=int, default=250, help="train rows of each other task for the base head")

@@ -7,7 +7,8 @@
    becomes a labelled row with the backbone's reading of the call (its features).
 3. ``clef-guard train --data reviews.jsonl --init-head default`` warm-starts the shipped
    head on those rows' features, replaying the sample of training rows the shipped head
-   carries, and the new head answers "should this run without asking?".
+   carries, and the new head answers "should this run without asking?". (Once a question
+   has 20 answers in the log, it also gets a readout of its own: docs/training.md#readouts.)
 
     python examples/learn_from_reviews.py
 """

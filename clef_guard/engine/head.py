@@ -32,10 +32,18 @@ yes/no accuracy, and a reading the head was never trained on reads the backbone 
 A question calibrated on enough labeled answers has its own temperature
 (:attr:`DecisionHead.question_temperatures`, by :attr:`ParsedQuestion.key`), which
 replaces its reading's.
+
+A question people have answered often enough can have a readout of its own
+(:attr:`DecisionHead.readouts`, by question key; fitted by
+:func:`clef_guard.training.readout.fit_readouts` on a review log): a linear map from all its
+options' standardized hidden states to its option logits, its temperature folded in. Where a
+question has one, it answers that question in the head's place; the head stays what every
+other question reads.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,6 +103,28 @@ def sorted_header(blob: bytes) -> bytes:
     return blob[:8] + header.ljust(size) + blob[8 + size :] if len(header) <= size else blob
 
 
+class Readout(nn.Module):
+    """One question's own option scorer: ``logits = weight . x + bias``, with ``x`` the standardized
+    hidden states of all the question's options in its order (``weight`` ``[n, n, H]``, ``bias`` ``[n]``).
+
+    It remembers the answers it learned from: ``seen`` (``[N]``, each one's fingerprint) and
+    ``held_out`` (``[N, n]``, the probabilities a readout fitted without it gave it), so that
+    thresholds fitted on those rows read them as if new (:func:`clef_guard.training.readout.held_out`)."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor, seen: torch.Tensor | None = None, held_out: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", bias)
+        self.register_buffer("seen", seen if seen is not None else torch.zeros(0, dtype=torch.int64))
+        self.register_buffer("held_out", held_out if held_out is not None else torch.zeros(0, len(bias)))
+
+    def forward(self, standardized: torch.Tensor) -> torch.Tensor:
+        """Option logits of ``standardized`` (``[n, H]``, or ``[B, n, H]`` for ``[B, n]``)."""
+        return torch.einsum("...jh,ijh->...i", standardized, self.weight) + self.bias
+
+
 class DecisionHead(nn.Module):
     """Linear option scorer over hidden states and LM log-probabilities, per reading."""
 
@@ -118,6 +148,8 @@ class DecisionHead(nn.Module):
         self.questions: tuple[KnownQuestion, ...] = ()
         """The questions it was trained on, sorted: the engine trusts its answers to a question as
         far as the question resembles one of them of its kind."""
+        self.readouts = nn.ModuleDict()
+        """Questions answered by a readout of their own (:class:`Readout`), as ``"q" + key``."""
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
@@ -137,6 +169,8 @@ class DecisionHead(nn.Module):
         picks its own temperature where it has one.
         """
         k = READINGS.index(reading)
+        if (readout := self.readout(question)) is not None and reading != "wide":
+            return readout(self.standardized(hidden))
         if reading == "wide":  # no per-option weights: they would learn the training labels, not the match
             if query is None:
                 raise ValueError("a wide choice is scored against the question's query vector")
@@ -151,12 +185,29 @@ class DecisionHead(nn.Module):
     def listed(self, hidden: torch.Tensor, lm_logprob: torch.Tensor, readings: torch.Tensor) -> torch.Tensor:
         """Logits before temperature of options read as listed, of any number of questions at once:
         ``hidden`` ``[N, H]``, ``lm_logprob`` ``[N]`` and ``readings`` (each row's index in :data:`READINGS`) ``[N]``."""
-        hidden = (hidden.to(self.proj.weight.dtype) - self.feature_mean) / self.feature_scale
+        hidden = self.standardized(hidden)
         shared = self.dropout(nn.functional.gelu(self.hidden_in(self.dropout(self.hidden_norm(hidden)))))
         readings = readings.to(hidden.device)
         column = readings[:, None]
         raw = (hidden @ self.proj.weight.T).gather(1, column) + (shared @ self.hidden_out.T).gather(1, column)
         return raw.squeeze(1) + self.proj.bias[readings] + self.lm_weight[readings] * lm_logprob
+
+    def standardized(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Listed options' hidden states as the head reads them: less its training features' mean, over their spread."""
+        return (hidden.to(self.proj.weight.dtype) - self.feature_mean) / self.feature_scale
+
+    def readout(self, question: str | None) -> Readout | None:
+        """The readout of the question keyed ``question``, if it has one."""
+        name = f"q{question}"
+        return self.readouts[name] if question is not None and name in self.readouts else None  # type: ignore[return-value]
+
+    def set_readout(self, question: str, readout: Readout | None) -> None:
+        """Answer the question keyed ``question`` with ``readout`` from now on (``None``: with the head again)."""
+        if readout is None:
+            if f"q{question}" in self.readouts:
+                del self.readouts[f"q{question}"]
+        else:
+            self.readouts[f"q{question}"] = readout.to(self.feature_mean.device)
 
     def temperature(self, reading: str, question: str | None = None) -> torch.Tensor:
         """What a question's logits are divided by (a scalar): its own temperature where it has one, else its reading's."""
@@ -219,6 +270,12 @@ class DecisionHead(nn.Module):
         fresh = head.state_dict()
         for name in (*_MATCH, *_HIDDEN):  # saved untrained they are left out (see save): recreate them
             tensors.setdefault(name, fresh[name])
+        for name in [n for n in tensors if n.startswith("readouts.") and n.endswith(".weight")]:
+            key = name.split(".")[1]
+            parts = [tensors.get(f"readouts.{key}.{part}") for part in ("weight", "bias", "seen", "held_out")]
+            if any(part is None for part in parts):
+                raise ModelLoadError(f"decision head {str(path)!r}: the readout {key!r} lacks some of weight, bias, seen, held_out")
+            head.readouts[key] = Readout(*parts)  # type: ignore[arg-type]
         head.load_state_dict(tensors)
         head.question_temperatures = question_temperatures
         head.questions = questions
@@ -249,6 +306,7 @@ def averaged(heads: Sequence[DecisionHead]) -> DecisionHead:
         merged.hidden_in.weight.copy_(torch.cat([h.hidden_in.weight * h.hidden_norm.weight for h in heads]))
         merged.hidden_in.bias.copy_(torch.cat([h.hidden_in.weight @ h.hidden_norm.bias + h.hidden_in.bias for h in heads]))
         merged.hidden_out.copy_(torch.cat([h.hidden_out for h in heads], dim=1) / len(heads))
+    merged.readouts = copy.deepcopy(first.readouts)
     merged.question_temperatures = dict(first.question_temperatures)
     merged.questions = tuple(sorted({q for h in heads for q in h.questions}))
     return merged.eval()

@@ -280,7 +280,11 @@ class LocalDecisionModel(BaseDecisionModel):
         question, or there is no encoder. ``head``: another head than the engine's (benchmarks
         score several over one backbone)."""
         head = head if head is not None else self._head
-        if head is None or not head.questions or self.reads_with_encoder(question, head=head):
+        if head is None or self.reads_with_encoder(question, head=head):
+            return None
+        if head.readout(question.key) is not None:  # learned from answers to this very question
+            return 1.0
+        if not head.questions:
             return None
         encoder = self.sentence_encoder
         if encoder is None:
@@ -354,7 +358,7 @@ class LocalDecisionModel(BaseDecisionModel):
         """Option logits for one question: the head's, or the backbone's log-probabilities."""
         if self._head is None:
             return features.lm_logprob.float()
-        question = features.question.key if self._head.question_temperatures else None  # hashed only when it can matter
+        question = features.question.key if self._head.question_temperatures or self._head.readouts else None  # hashed only when it can matter
         return self._head(features.hidden, features.lm_logprob.float(), features.reading, features.query, question)
 
     def encode(self, state: State, questions: Sequence[ParsedQuestion]) -> EncodedRequest:

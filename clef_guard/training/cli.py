@@ -53,6 +53,7 @@ from clef_guard.training.features import (
 )
 from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head, trained_questions
 from clef_guard.training.lora import AdapterConfig, train_adapter
+from clef_guard.training.readout import MIN_READOUT_ROWS, fit_readouts, held_out
 from clef_guard.training.injection_lines import injection_lines
 from clef_guard.training.screen import ScreenConfig, dev_thresholds, train_screen
 from clef_guard.training.suggest import PER_OPTION, suggest_examples, suggestions_yaml
@@ -103,6 +104,11 @@ def add_commands(commands: Any) -> None:
         help=f"train N heads (seeds --train-seed, +1, ...) and serve their average as one, N times wider head (default "
         f"{WARM_MEMBERS} with an --init-head that is not itself an average: a warm start on a few hundred rows moves "
         "with its seed, the average much less; else 1)",
+    )
+    train.add_argument(
+        "--readouts", action=argparse.BooleanOptionalAction, default=True,
+        help=f"with --init-head: give each question with {MIN_READOUT_ROWS} or more labeled rows a readout of its own "
+        "where it reads them better than the --init-head head out of fold (docs/training.md#readouts)",
     )
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
@@ -324,6 +330,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
             on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch),
         )
     head.questions = trained_questions(labeled.questions, init)
+    readouts = fit_readouts(head, labeled.features, judge=init, replayed=replayed) if init is not None and args.readouts else []
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
     kept = save_replay(features, replay_path(args.out / HEAD_FILE))
@@ -341,7 +348,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         "config": asdict(config),
         "loss_first_epoch": history[0],
         "loss_last_epoch": history[-1],
-        "train_accuracy": _accuracy(predict(head, features), features),
+        "readouts": [asdict(fit) for fit in readouts],
+        "train_accuracy": _accuracy(held_out(head, features, predict(head, features)), features),
         "feature_seconds": round(feature_s, 1),
         "train_seconds": round(time.perf_counter() - started - feature_s, 1),
         "head": str(args.out / HEAD_FILE),
@@ -405,14 +413,14 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
     labeled = _labeled(args, engine, console, "reading the calibration split")
     features = labeled.features
     if args.keep_temperatures:
-        before = after = predict(head, features)
+        before = after = held_out(head, features, predict(head, features))
         temperatures: dict[str, float] = {}
     else:
         with torch.no_grad():
             head.log_temperature.zero_()  # "before" is the uncalibrated head
-        before = predict(head, features)
+        before = held_out(head, features, predict(head, features))
         temperatures = calibrate_head(head, features, per_question=args.per_question)
-        after = predict(head, features)
+        after = held_out(head, features, predict(head, features))
         head.save(args.head)
     confidences = [float(p.max()) for p in after]
     correct = [int(p.argmax()) == f.label for p, f in zip(after, features, strict=True)]

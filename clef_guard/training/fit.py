@@ -6,6 +6,7 @@ probabilities honest); see :class:`TrainConfig` for the shipped head's recipe.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -91,14 +92,17 @@ _LISTED_CHUNK = 1024
 """Questions read as listed that go through the head in one pass (bounds the memory of a large ``predict``)."""
 
 
-def _batch_logits(head: DecisionHead, batch: Sequence[Features]) -> list[torch.Tensor]:
+def _batch_logits(head: DecisionHead, batch: Sequence[Features], *, readouts: bool = False) -> list[torch.Tensor]:
     """Each item's logits: listed items go through ``head`` together, and so do wide items that share a
-    question's option vectors."""
+    question's option vectors; with ``readouts``, a question with a readout of its own reads it instead
+    (as the engine serves it; training and temperatures read the head's own logits)."""
     logits: dict[int, torch.Tensor] = {}
     shared: dict[tuple[int, str | None], list[tuple[int, torch.Tensor]]] = {}  # by options and question
     listed = []
     for index, item in enumerate(batch):
-        if item.reading != "wide":
+        if readouts and item.reading != "wide" and (readout := head.readout(item.question)) is not None:
+            logits[index] = readout(head.standardized(item.hidden))
+        elif item.reading != "wide":
             listed.append(index)
         elif item.query is not None:
             shared.setdefault((id(item.hidden), item.question), []).append((index, item.query))
@@ -151,6 +155,7 @@ def train_head(
     rng = random.Random(config.seed)
     head = DecisionHead(hidden_size, init.width if init is not None else HIDDEN_WIDTH).train()
     if init is not None:
+        head.readouts = copy.deepcopy(init.readouts)
         head.load_state_dict(init.state_dict())
         head.question_temperatures = dict(init.question_temperatures)
     listed = [f.hidden for f in features if f.reading != "wide"]
@@ -225,12 +230,13 @@ def calibrate_head(head: DecisionHead, features: Sequence[Features], *, per_ques
 
 
 def predict(
-    head: DecisionHead | None, features: Sequence[Features], scales: Sequence[float] | None = None
+    head: DecisionHead | None, features: Sequence[Features], scales: Sequence[float] | None = None, *, readouts: bool = True
 ) -> list[torch.Tensor]:
-    """Option probabilities per example (the backbone alone when ``head`` is ``None``); ``scales``
-    multiply each example's logits, as the engine does by a question's familiarity."""
+    """Option probabilities per example (the backbone alone when ``head`` is ``None``), questions with a
+    readout read by it unless ``readouts`` is false; ``scales`` multiply each example's logits, as the
+    engine does by a question's familiarity."""
     with torch.no_grad():
-        logits = _batch_logits(head, features) if head is not None else [f.lm_logprob for f in features]
+        logits = _batch_logits(head, features, readouts=readouts) if head is not None else [f.lm_logprob for f in features]
         if scales is not None:
             logits = [row * scale for row, scale in zip(logits, scales, strict=True)]
         return [torch.softmax(row, dim=-1) for row in logits]

@@ -1,0 +1,160 @@
+"""Readouts: a question that people answer often gets an option scorer of its own.
+
+The head is shared by every question, so a few hundred answers to one question move it
+little (a warm start must not forget the others). A readout is fitted on that question's
+rows alone, the new answers and the replayed old rows that ask it, weighing as much in all
+as the new ones (so that what the head read well stays read): a logistic regression from
+all its options' standardized hidden states (what the head reads) to its options. Its L2 strength is chosen by cross-validation,
+its temperature fitted on the out-of-fold logits and folded into its weights, and it is
+adopted only where its out-of-fold log-loss beats the starting head's own on the same rows
+(the old ones that head may have trained on: a bar set high); where it does not, the
+question reads the head again. Other questions keep reading the head, untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from clef_guard.engine.head import DecisionHead, Readout
+from clef_guard.training.calibrate import fit_temperature
+from clef_guard.training.features import Features
+from clef_guard.training.fit import predict
+
+MIN_READOUT_ROWS = 20
+"""New answers a question needs (with at least two options among them, old rows counted) before a readout is tried."""
+MAX_READOUT_OPTIONS = 16
+"""Most options a question with a readout may have: its weights grow with their square."""
+STRENGTHS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+"""L2 strengths tried, by cross-validation (the loss is the mean cross-entropy plus ``strength / 2 * |W|^2``)."""
+FOLDS = 5
+
+
+@dataclass(frozen=True)
+class ReadoutFit:
+    """What fitting one question's readout found."""
+
+    question: str
+    """The question's key."""
+    rows: int
+    """New answers it was fitted on."""
+    replayed: int
+    """Old rows of the question it was fitted on beside them."""
+    strength: float
+    temperature: float
+    log_loss: float
+    """Out-of-fold log-loss of the readout on all its rows, after its temperature."""
+    head_log_loss: float
+    """The starting head's log-loss on the same rows (the old ones it may have trained on)."""
+    adopted: bool
+
+
+def fit_readouts(
+    head: DecisionHead, answers: Sequence[Features], *, judge: DecisionHead | None = None, replayed: Sequence[Features] = ()
+) -> list[ReadoutFit]:
+    """Fit a readout for each question of at most :data:`MAX_READOUT_OPTIONS` options that ``answers`` ask
+    :data:`MIN_READOUT_ROWS` times or more (two options among them at least), on those
+    answers and the ``replayed`` rows (the head's old ones) that ask it too, weighted to count as much in all
+    as the answers, so that what the head read well stays read; set it on ``head`` where it beats ``judge``'s own logits (the head the answers are new to;
+    ``head`` itself by default) out of fold, else drop the readout it had. Readouts of questions
+    ``answers`` does not ask are kept. Features are standardized as ``head`` reads them."""
+    judge = judge if judge is not None else head
+    by_question: dict[str, list[Features]] = {}
+    for item in answers:
+        if item.reading != "wide" and item.question is not None:
+            by_question.setdefault(item.question, []).append(item)
+    by_question = {key: rows for key, rows in by_question.items() if len(rows) >= MIN_READOUT_ROWS}
+    new = {key: len(rows) for key, rows in by_question.items()}
+    for item in replayed:
+        if item.question in by_question and item.reading != "wide":
+            by_question[item.question].append(item)
+    fits = []
+    for key, rows in sorted(by_question.items()):
+        if len({r.label for r in rows}) < 2 or len({len(r.hidden) for r in rows}) > 1 or len(rows[0].hidden) > MAX_READOUT_OPTIONS:
+            continue
+        with torch.no_grad():
+            x = torch.stack([head.standardized(r.hidden) for r in rows]).float().cpu()
+        labels = torch.tensor([r.label for r in rows])
+        old = len(rows) - new[key]  # the old rows weigh as much in all as the new ones
+        weights = torch.tensor([1.0] * new[key] + [new[key] / old if old else 1.0] * old)
+        baseline = torch.stack(predict(judge, rows, readouts=False)).float().cpu()
+        strength, out_of_fold = _cross_validate(x, labels, weights)
+        temperature = fit_temperature(list(out_of_fold), labels.tolist())
+        log_loss = _log_loss(out_of_fold / temperature, labels, weights).item()
+        head_log_loss = _log_loss(baseline.clamp_min(1e-12).log(), labels, weights).item()
+        adopted = log_loss < head_log_loss
+        if adopted:
+            weight, bias = _fit(x, labels, weights, strength)
+            seen = torch.tensor([fingerprint(r.hidden) for r in rows], dtype=torch.int64)
+            readout = Readout(weight / temperature, bias / temperature, seen, torch.softmax(out_of_fold / temperature, dim=-1))
+        head.set_readout(key, readout if adopted else None)
+        fits.append(ReadoutFit(key, new[key], old, strength, temperature, log_loss, head_log_loss, adopted))
+    return fits
+
+
+def held_out(head: DecisionHead, features: Sequence[Features], probabilities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``probabilities`` (``head``'s, one per row of ``features``) with each row a readout learned from read
+    as it was out of fold: a threshold fitted on a review log must not see its readouts' answers to their own
+    training rows, which they fit far closer than new ones."""
+    found = []
+    for item, row in zip(features, probabilities, strict=True):
+        readout = head.readout(item.question) if item.reading != "wide" else None
+        if readout is not None and len(readout.seen):
+            match = (readout.seen == fingerprint(item.hidden)).nonzero()
+            row = readout.held_out[int(match[0, 0])].to(row) if len(match) else row
+        found.append(row)
+    return found
+
+
+def fingerprint(hidden: torch.Tensor) -> int:
+    """A row's identity, from its options' hidden states as a feature cache keeps them (float16)."""
+    digest = hashlib.sha256(hidden.detach().to(torch.float16).cpu().contiguous().numpy().tobytes()).digest()
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def _fit(x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, strength: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights ``[n, n, H]`` and bias ``[n]`` of an L2-penalised logistic regression of ``labels`` on ``x``
+    (``[N, n, H]``), each row's loss counted ``weights`` times (``[N]``)."""
+    options = x.shape[1]
+    weight = torch.zeros(options, options, x.shape[2], requires_grad=True)
+    bias = torch.zeros(options, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=300, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        logits = torch.einsum("bjh,ijh->bi", x, weight) + bias
+        loss = _log_loss(logits, labels, weights) + strength / 2 * (weight**2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return weight.detach(), bias.detach()
+
+
+def _log_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean cross-entropy."""
+    return (torch.nn.functional.cross_entropy(logits, labels, reduction="none") * weights).sum() / weights.sum()
+
+
+def _cross_validate(x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """The strength of :data:`STRENGTHS` with the lowest out-of-fold log-loss, and its out-of-fold logits."""
+    order = list(range(len(labels)))
+    random.Random(0).shuffle(order)
+    folds = [order[k::FOLDS] for k in range(FOLDS)]
+    best: tuple[float, float, torch.Tensor] | None = None
+    for strength in STRENGTHS:
+        out_of_fold = torch.zeros(len(labels), x.shape[1])
+        for held in folds:
+            kept = sorted(set(order) - set(held))
+            weight, bias = _fit(x[kept], labels[kept], weights[kept], strength)
+            out_of_fold[held] = torch.einsum("bjh,ijh->bi", x[held], weight) + bias
+        loss = _log_loss(out_of_fold, labels, weights).item()
+        if best is None or loss < best[0]:
+            best = (loss, strength, out_of_fold)
+    assert best is not None
+    return best[1], best[2]

@@ -1,0 +1,156 @@
+"""Readouts: a question people answered often enough gets a scorer of its own, and nothing else moves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_training import ANIMALS, OBJECTS, QUESTION, _toy
+
+from clef_guard import DecisionHead, LocalDecisionModel
+from clef_guard.cli import main
+from clef_guard.engine.head import HEAD_FILE
+from clef_guard.engine.local import DEFAULT_HEAD
+from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.tree import OptionFeatures
+from clef_guard.training.features import Features, extract_features
+from clef_guard.training.fit import predict
+from clef_guard.training.readout import MIN_READOUT_ROWS, fit_readouts, held_out
+
+WIDTH = 16
+
+
+def _rows(n: int, question: str, *, seed: int, head_right: bool) -> list[Features]:
+    """Yes when the 'yes' option's first feature is positive; the backbone's log-probabilities say the
+    opposite (a head that reads them is wrong), or say it sharply (``head_right``: nothing left to learn)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        hidden = torch.randn(2, WIDTH, generator=generator)
+        label = int(hidden[1, 0] > 0)  # options are ["no", "yes"]
+        said = label if head_right else 1 - label
+        rows.append(Features("noul", hidden, torch.tensor([0.0, 6.0]) if said else torch.tensor([6.0, 0.0]), label, question=question))
+    return rows
+
+
+def _kept_apart(rows: list[Features], deciding: int) -> list[Features]:
+    """``rows`` decided by feature ``deciding`` of the 'yes' option, the other deciding feature (0 or 2) zeroed."""
+    out = []
+    for row in rows:
+        hidden = row.hidden.clone()
+        hidden[1, deciding] = row.hidden[1, 0]
+        hidden[:, 2 - deciding] = 0.0
+        out.append(Features("noul", hidden, row.lm_logprob, row.label, question=row.question))
+    return out
+
+
+def _accuracy(probabilities: list[torch.Tensor], rows: list[Features]) -> float:
+    return sum(int(p.argmax()) == f.label for p, f in zip(probabilities, rows, strict=True)) / len(rows)
+
+
+def test_a_question_the_head_reads_wrong_gets_a_readout_and_the_others_read_the_head_as_before(tmp_path: Path) -> None:
+    head = DecisionHead(WIDTH)
+    learned, fresh = _rows(80, "new", seed=0, head_right=False), _rows(200, "new", seed=1, head_right=False)
+    few = _rows(MIN_READOUT_ROWS - 1, "other", seed=2, head_right=False)  # too few answers: no readout
+    other = _rows(50, "other", seed=3, head_right=False)
+    before = predict(head, other)
+    (fit,) = fit_readouts(head, learned + few)
+    assert (fit.question, fit.rows, fit.adopted) == ("new", 80, True) and fit.log_loss < fit.head_log_loss
+    assert head.readout("new") is not None and head.readout("other") is None
+    assert _accuracy(predict(head, fresh), fresh) >= 0.9
+    assert _accuracy(predict(head, fresh, readouts=False), fresh) <= 0.1  # the head alone is still wrong
+    assert all(torch.equal(a, b) for a, b in zip(predict(head, other), before, strict=True))
+
+    head.save(tmp_path / HEAD_FILE)
+    loaded = DecisionHead.load(tmp_path / HEAD_FILE, WIDTH)
+    assert all(torch.equal(a, b) for a, b in zip(predict(loaded, fresh), predict(head, fresh), strict=True))
+    assert torch.equal(loaded.readout("new").held_out, head.readout("new").held_out)  # type: ignore[union-attr]
+
+
+def test_a_readout_learns_the_old_rows_of_its_question_beside_the_new_ones() -> None:
+    """The new answers are decided by one feature, the head's old rows of the same question by another: with
+    them replayed, the readout reads both; fitted on the new answers alone, it forgets what the old rows asked."""
+    new, old = _kept_apart(_rows(60, "q", seed=0, head_right=False), 0), _kept_apart(_rows(60, "q", seed=1, head_right=True), 2)
+    fresh_old = _kept_apart(_rows(100, "q", seed=2, head_right=True), 2)
+    unrelated = _rows(30, "another", seed=3, head_right=False)  # replayed rows of a question no answer asks
+    with_old, alone = DecisionHead(WIDTH), DecisionHead(WIDTH)
+    (fit,) = fit_readouts(with_old, new, replayed=old + unrelated)
+    assert (fit.rows, fit.replayed, fit.adopted) == (60, 60, True) and with_old.readout("another") is None
+    fit_readouts(alone, new)
+    assert _accuracy(predict(with_old, fresh_old), fresh_old) >= 0.8  # 0.88 here
+    assert _accuracy(predict(alone, fresh_old), fresh_old) <= 0.6  # 0.42
+
+
+def test_thresholds_read_the_rows_a_readout_learned_from_as_it_read_them_out_of_fold() -> None:
+    head = DecisionHead(WIDTH)
+    learned, fresh = _rows(60, "new", seed=0, head_right=False), _rows(40, "new", seed=1, head_right=False)
+    fit_readouts(head, learned)
+    readout = head.readout("new")
+    assert readout is not None
+    in_sample = predict(head, learned)
+    read = held_out(head, learned, in_sample)
+    assert torch.allclose(torch.stack(read), readout.held_out)  # in the order they were learned
+    assert not torch.allclose(torch.stack(read), torch.stack(in_sample), atol=1e-3)  # in sample reads them far surer
+    assert torch.equal(torch.stack(held_out(head, fresh, predict(head, fresh))), torch.stack(predict(head, fresh)))  # new rows: the readout
+
+
+def test_a_readout_that_no_longer_beats_the_head_gives_the_question_back() -> None:
+    head = DecisionHead(WIDTH)
+    fit_readouts(head, _rows(60, "new", seed=0, head_right=False))
+    assert head.readout("new") is not None
+    (fit,) = fit_readouts(head, _rows(60, "new", seed=4, head_right=True))  # the head is sure and right: nothing to add
+    assert not fit.adopted and fit.head_log_loss <= fit.log_loss
+    assert head.readout("new") is None
+
+
+def test_the_engine_serves_a_readout_from_the_head_file_and_calls_its_question_familiar(
+    engine: LocalDecisionModel, tmp_path: Path
+) -> None:
+    """Real backbone features of 24 messages (animal or not): the readout fitted on them answers through the engine."""
+    rows = _toy(ANIMALS, "yes", 0) + _toy(OBJECTS, "no", 0)
+    features = extract_features(engine, rows, cache=tmp_path / "cache")
+    head = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
+    (fit,) = fit_readouts(head, features)
+    if not fit.adopted:
+        pytest.fail(f"the shipped head read these rows better than a readout out of fold: {fit}")
+    head.save(tmp_path / HEAD_FILE)
+    served = LocalDecisionModel(head=str(tmp_path / HEAD_FILE))
+    response = served.invoke({"state": rows[3].state, "questions": {"animal": QUESTION}})
+    expected = predict(head, [features[3]])[0]
+    assert response.nouls["animal"].noul == pytest.approx(float(expected[1]), abs=0.02)  # features cached in float16
+    assert response.familiarity == {"animal": 1.0}
+
+
+def test_a_warm_start_from_a_review_log_fits_readouts_and_calibrate_reads_their_rows_out_of_fold(
+    engine: LocalDecisionModel, tmp_path: Path
+) -> None:
+    rows = _toy(ANIMALS, "yes", 0) + _toy(OBJECTS, "no", 0)
+    features = extract_features(engine, rows, cache=tmp_path / "cache")
+    (question,) = parse_questions({"animal": QUESTION})
+    log = tmp_path / "reviews.jsonl"
+    with log.open("w") as handle:
+        for n, (row, read) in enumerate(zip(rows, features, strict=True)):
+            record = OptionFeatures(question, read.reading, read.hidden, read.lm_logprob, torch.zeros(read.hidden.shape[1])).to_record()
+            handle.write(json.dumps({
+                "id": f"r{n}", "questions": {"animal": QUESTION.model_dump(mode="json")}, "labels": {"animal": row.label},
+                "features": {"backbone": engine.feature_key, "questions": {"animal": record}},
+            }) + "\n")
+    out = tmp_path / "head"
+    assert main(["train", "--data", str(log), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json",
+                 "--features", str(tmp_path / "cache")]) == 0
+    (fit,) = json.loads((out / "train_report.json").read_text())["readouts"]
+    assert fit["question"] == question.key and fit["rows"] == len(rows)
+    trained = DecisionHead.load(out / HEAD_FILE, engine.backbone.hidden_size)
+    assert (trained.readout(question.key) is not None) == fit["adopted"]
+    assert main(["train", "--data", str(log), "--init-head", "default", "--out", str(tmp_path / "plain"), "--epochs", "2",
+                 "--json", "--no-readouts", "--features", str(tmp_path / "cache")]) == 0
+    assert json.loads((tmp_path / "plain" / "train_report.json").read_text())["readouts"] == []
+
+    calibration = tmp_path / "calibration.yaml"
+    assert main(["calibrate", "--head", str(out / HEAD_FILE), "--data", str(log), "--keep-temperatures", "--out", str(calibration),
+                 "--plot", str(tmp_path / "r.png"), "--json", "--features", str(tmp_path / "cache")]) == 0
+    reported = yaml.safe_load(calibration.read_text())["report"]["after"]["accuracy"]
+    assert reported == pytest.approx(_accuracy(held_out(trained, features, predict(trained, features)), features))
