@@ -116,12 +116,14 @@ def fingerprint(hidden: torch.Tensor) -> int:
     return int.from_bytes(digest[:8], "little", signed=True)
 
 
-def _fit(x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, strength: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _fit(
+    x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, strength: float, start: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights ``[n, n, H]`` and bias ``[n]`` of an L2-penalised logistic regression of ``labels`` on ``x``
-    (``[N, n, H]``), each row's loss counted ``weights`` times (``[N]``)."""
+    (``[N, n, H]``), each row's loss counted ``weights`` times (``[N]``), solved from ``start`` (else zeros)."""
     options = x.shape[1]
-    weight = torch.zeros(options, options, x.shape[2], requires_grad=True)
-    bias = torch.zeros(options, requires_grad=True)
+    weight = (start[0].clone() if start else torch.zeros(options, options, x.shape[2])).requires_grad_()
+    bias = (start[1].clone() if start else torch.zeros(options)).requires_grad_()
     optimizer = torch.optim.LBFGS([weight, bias], max_iter=300, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
@@ -147,11 +149,12 @@ def _cross_validate(x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     random.Random(0).shuffle(order)
     folds = [order[k::FOLDS] for k in range(FOLDS)]
     best: tuple[float, float, torch.Tensor] | None = None
-    for strength in STRENGTHS:
+    solved: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * FOLDS
+    for strength in sorted(STRENGTHS, reverse=True):  # each fold's solution starts the next, weaker strength's
         out_of_fold = torch.zeros(len(labels), x.shape[1])
-        for held in folds:
+        for fold, held in enumerate(folds):
             kept = sorted(set(order) - set(held))
-            weight, bias = _fit(x[kept], labels[kept], weights[kept], strength)
+            solved[fold] = weight, bias = _fit(x[kept], labels[kept], weights[kept], strength, solved[fold])
             out_of_fold[held] = torch.einsum("bjh,ijh->bi", x[held], weight) + bias
         loss = _log_loss(out_of_fold, labels, weights).item()
         if best is None or loss < best[0]:
