@@ -56,12 +56,13 @@ class ReadoutFit:
 def fit_readouts(
     head: DecisionHead, answers: Sequence[Features], *, judge: DecisionHead | None = None, replayed: Sequence[Features] = ()
 ) -> list[ReadoutFit]:
-    """Fit a readout for each question of at most :data:`MAX_READOUT_OPTIONS` options that ``answers`` ask
-    :data:`MIN_READOUT_ROWS` times or more (two options among them at least), on those
-    answers and the ``replayed`` rows (the head's old ones) that ask it too, weighted to count as much in all
-    as the answers, so that what the head read well stays read; set it on ``head`` where it beats ``judge``'s own logits (the head the answers are new to;
-    ``head`` itself by default) out of fold, else drop the readout it had. Readouts of questions
-    ``answers`` does not ask are kept. Features are standardized as ``head`` reads them."""
+    """Fit a readout for each question of at most :data:`MAX_READOUT_OPTIONS` options that ``answers``
+    ask :data:`MIN_READOUT_ROWS` times or more (two options among them at least), on those answers
+    and the ``replayed`` rows (the head's old ones) that ask it too, weighted to count as much in
+    all as the answers, so that what the head read well stays read. Set it on ``head`` where it
+    beats ``judge``'s own logits (the head the answers are new to; ``head`` itself by default) out
+    of fold, else drop the readout it had; readouts of questions ``answers`` does not ask are
+    kept. Features are standardized as ``head`` reads them."""
     judge = judge if judge is not None else head
     by_question: dict[str, list[Features]] = {}
     for item in answers:
