@@ -96,7 +96,7 @@ class Method(NamedTuple):
 METHODS = {
     "replay + anchor + readouts": Method(REPLAY, WARM_ANCHOR, readouts=True),
     "replay + anchor": Method(REPLAY, WARM_ANCHOR),
-    "readouts": Method(REPLAY, 0.0, warm=False, readouts=True),
+    "readouts": Method(0, 0.0, warm=False, readouts=True),
     "replay": Method(REPLAY, 0.0),
     "anchor": Method(0, 1.0),
 }
@@ -232,8 +232,10 @@ def simulate(
         if len(reviews) == checkpoints[0]:
             started = time.perf_counter()
             how = METHODS[method]
-            replay = rng.sample(replay_pool, min(how.replay, len(replay_pool)))
-            head = warm_start(base, reviews, replay, how.anchor, hidden) if how.warm else copy.deepcopy(base)
+            if how.warm:
+                head = warm_start(base, reviews, rng.sample(replay_pool, min(how.replay, len(replay_pool))), how.anchor, hidden)
+            else:
+                head = copy.deepcopy(base)
             if how.readouts:
                 fit_readouts(head, reviews, judge=base, replayed=replay_pool)
             seconds = time.perf_counter() - started

@@ -122,7 +122,12 @@ class Readout(nn.Module):
 
     def forward(self, standardized: torch.Tensor) -> torch.Tensor:
         """Option logits of ``standardized`` (``[n, H]``, or ``[B, n, H]`` for ``[B, n]``)."""
-        return torch.einsum("...jh,ijh->...i", standardized, self.weight) + self.bias
+        return self.score(standardized, self.weight, self.bias)
+
+    @staticmethod
+    def score(standardized: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """What a readout of ``weight`` and ``bias`` gives ``standardized`` (also while they are being fitted)."""
+        return torch.einsum("...jh,ijh->...i", standardized, weight) + bias
 
 
 class DecisionHead(nn.Module):

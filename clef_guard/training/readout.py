@@ -4,11 +4,12 @@ The head is shared by every question, so a few hundred answers to one question m
 little (a warm start must not forget the others). A readout is fitted on that question's
 rows alone, the new answers and the replayed old rows that ask it, weighing as much in all
 as the new ones (so that what the head read well stays read): a logistic regression from
-all its options' standardized hidden states (what the head reads) to its options. Its L2 strength is chosen by cross-validation,
-its temperature fitted on the out-of-fold logits and folded into its weights, and it is
-adopted only where its out-of-fold log-loss beats the starting head's own on the same rows
-(the old ones that head may have trained on: a bar set high); where it does not, the
-question reads the head again. Other questions keep reading the head, untouched.
+all its options' standardized hidden states (what the head reads) to its options. Its L2
+strength is chosen by cross-validation, its temperature fitted on the out-of-fold logits and
+folded into its weights, and it is adopted only where its out-of-fold log-loss beats the
+starting head's own on the same rows (the old ones that head may have trained on: a bar set
+high); where it does not, the question reads the head again. Other questions keep reading
+the head, untouched.
 """
 
 from __future__ import annotations
@@ -129,8 +130,7 @@ def _fit(
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        logits = torch.einsum("bjh,ijh->bi", x, weight) + bias
-        loss = _log_loss(logits, labels, weights) + strength / 2 * (weight**2).sum()
+        loss = _log_loss(Readout.score(x, weight, bias), labels, weights) + strength / 2 * (weight**2).sum()
         loss.backward()
         return loss
 
@@ -156,7 +156,7 @@ def _cross_validate(x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
         for fold, held in enumerate(folds):
             kept = sorted(set(order) - set(held))
             solved[fold] = weight, bias = _fit(x[kept], labels[kept], weights[kept], strength, solved[fold])
-            out_of_fold[held] = torch.einsum("bjh,ijh->bi", x[held], weight) + bias
+            out_of_fold[held] = Readout.score(x[held], weight, bias)
         loss = _log_loss(out_of_fold, labels, weights).item()
         if best is None or loss < best[0]:
             best = (loss, strength, out_of_fold)
