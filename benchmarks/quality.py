@@ -253,6 +253,7 @@ def main() -> None:
     parser.add_argument("--fit-familiarity", action="store_true", help="unseen: refit the familiarity scale's constants on dev rows")
     parser.add_argument("--save-heads", type=Path, help="write each recipe's head to this folder (named by the recipe)")
     parser.add_argument("--model", default=EMBEDDED_MODEL, help="the backbone (a path or hub id): heads are trained on its features")
+    parser.add_argument("--layers", type=int, help="decoder layers the recipes' heads read (default: all); a head file is read at its own depth")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.fit_familiarity and args.suite != "unseen":
@@ -261,30 +262,38 @@ def main() -> None:
     embedded = args.model == EMBEDDED_MODEL
     if not embedded and any(not recipe.train for recipe in recipes):
         raise SystemExit(f"the {args.suite} suite scores the shipped head, which reads the embedded backbone only")
-    engine = LocalDecisionModel(model=args.model, default_head=False)
-    cache: dict[Part, tuple[list[Example], list[Features]]] = {}
+    engine = LocalDecisionModel(model=args.model, default_head=False, layers=args.layers)
+    engines = {engine.backbone.cut_at: engine}  # by depth (None: every layer): a head reads the features it was trained on
+    cache: dict[tuple[Part, int | None], tuple[list[Example], list[Features]]] = {}
     progress = Progress(console=Console(stderr=True), transient=True)
 
-    def read(part: Part) -> tuple[list[Example], list[Features]]:
-        if part not in cache:
+    def read(part: Part, depth: int | None = engine.backbone.cut_at) -> tuple[list[Example], list[Features]]:
+        if (part, depth) not in cache:
             rows = part.examples()
-            cache[part] = rows, extract_features(engine, rows)
-        return cache[part]
-
-    # Every row first, in one pass ordered by state: questions asked of one state (the
-    # ASSEBench families, a policy's questions) then read it once, through the prefix cache.
-    everything = {p for recipe in recipes for p in (*recipe.train, *recipe.calibrate)} | set(tests)
-    rows = sorted((row for part in everything for row in part.examples()), key=lambda row: state_segments(row.state))
-    progress.start()
-    bar = progress.add_task("features", total=len(rows))
-    extract_features(engine, rows, on_progress=lambda done, _: progress.update(bar, completed=done))
-    progress.remove_task(bar)
+            cache[part, depth] = rows, extract_features(engines[depth], rows)
+        return cache[part, depth]
 
     heads: dict[str, DecisionHead | None] = {"backbone alone": None}
     if embedded:
         heads[SHIPPED] = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
     if args.head:
         heads[args.head] = DecisionHead.load(args.head, engine.backbone.hidden_size)
+    for head in heads.values():
+        if head is not None and head.layers not in engines:
+            engines[head.layers] = LocalDecisionModel(model=args.model, default_head=False, layers=head.layers)
+
+    def depth(head: DecisionHead | None) -> int | None:
+        return engine.backbone.cut_at if head is None else head.layers
+
+    # Every row first, in one pass ordered by state: questions asked of one state (the
+    # ASSEBench families, a policy's questions) then read it once, through the prefix cache.
+    everything = {p for recipe in recipes for p in (*recipe.train, *recipe.calibrate)} | set(tests)
+    rows = sorted((row for part in everything for row in part.examples()), key=lambda row: state_segments(row.state))
+    progress.start()
+    for reader in engines.values():
+        bar = progress.add_task("features", total=len(rows))
+        extract_features(reader, rows, on_progress=lambda done, _: progress.update(bar, completed=done))
+        progress.remove_task(bar)
     seconds: dict[str, float] = {}
     scored_on = {recipe.name: recipe.scored_on for recipe in recipes if recipe.scored_on}
 
@@ -298,13 +307,14 @@ def main() -> None:
     sparrow = SparrowDecisionModel() if args.sparrow else None
     for recipe in recipes:
         train = [f for part in recipe.train for f in read(part)[1]]
-        calibration = [f for part in recipe.calibrate for f in read(part)[1]]
         started = time.perf_counter()  # the recipe's own time: its features are read before
         if train:
             head, _ = train_head(train, engine.backbone.hidden_size)
             head.questions = trained_questions(row.question for part in recipe.train for row in read(part)[0])
+            head.layers = engine.backbone.cut_at
         else:
             head = DecisionHead.load(DEFAULT_HEAD, engine.backbone.hidden_size)
+        calibration = [f for part in recipe.calibrate for f in read(part, head.layers)[1]]
         calibrate_head(head, calibration, per_question=recipe.per_question)
         heads[recipe.name] = head
         seconds[recipe.name] = time.perf_counter() - started
@@ -314,16 +324,16 @@ def main() -> None:
     results = []
     shots = [0, *(args.shots or [10])] if args.suite == "readers" else [0]
     for part in tests:
-        rows, features = read(part)
+        rows = read(part)[0]
         asked = [parse_questions({"q": row.question})[0] for row in rows]
         readings = {
-            name: [p.tolist() for p in predict(head, features, familiarity_scales(head, asked))]
+            name: [p.tolist() for p in predict(head, read(part, depth(head))[1], familiarity_scales(head, asked))]
             for name, head in heads.items()
             if part.task in scored_on.get(name, (part.task,))
         }
         for name in [n for n in readings if n in scored_on or n == SHIPPED]:  # as served, and without familiarity or encoder
             if name in scored_on:
-                readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], features)]
+                readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], read(part)[1])]
             encoded = [engine.encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
             if any(e is not None for e in encoded):  # as the engine serves it: the encoder where it answers
                 readings[f"{name}, head alone"] = readings[name]

@@ -77,12 +77,13 @@ def architecture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return request.param, _save(FAMILIES[request.param][0](), tmp_path_factory.mktemp(request.param))
 
 
-def _native(engine: LocalDecisionModel, state: str) -> torch.Tensor:
-    """The model's own forward (its own masks, no cache) over the prompt the engine reads: the question's last state."""
+def _native(engine: LocalDecisionModel, state: str, decoder: Any = None) -> torch.Tensor:
+    """The model's own forward (its own masks, no cache) over the prompt the engine reads: the question's last state.
+    ``decoder``: another model's decoder to run on those tokens."""
     item = engine._prepare(engine._job(state, QUESTIONS))  # the engine's prompt is the oracle's input
     tokens = [*item.prefix, *item.job.branches[0].question_tokens]
     with torch.inference_mode():
-        return engine.backbone.decoder(input_ids=torch.tensor([tokens])).last_hidden_state[0, -1]
+        return (decoder or engine.backbone.decoder)(input_ids=torch.tensor([tokens])).last_hidden_state[0, -1]
 
 
 def test_the_engine_reads_as_the_model_does_past_any_window(architecture: tuple[str, str]) -> None:
@@ -100,6 +101,27 @@ def test_the_engine_reads_as_the_model_does_past_any_window(architecture: tuple[
     assert cached[0] == 0 and cached[1] > 10 * WINDOW and 0 < cached[2] < cached[1]
     (packed,) = engine.encode_for_training(states[1], QUESTIONS)  # one pass, no cache, the tree mask throughout
     torch.testing.assert_close(packed.query, _native(engine, states[1]), atol=1e-4, rtol=1e-4)
+
+
+def test_cut_to_its_first_layers_the_engine_reads_what_that_shallower_model_reads(architecture: tuple[str, str]) -> None:
+    """``layers=`` runs the model's first layers (and its final norm) and nothing else, prefix cache included:
+    what the same model built with that many layers computes, local layers' windows included."""
+    name, path = architecture
+    config = t.AutoConfig.from_pretrained(path)
+    total = int(config.num_hidden_layers)
+    cut = config.num_hidden_layers = total - 1  # Gemma keeps both layer types
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:cut]
+    engine = LocalDecisionModel(model=path, encoder=None, layers=cut)
+    shallow = t.AutoModelForCausalLM.from_pretrained(path, config=config).eval()
+    assert (engine.backbone.layers, engine.backbone.model_layers, engine.backbone.cut_at) == (cut, total, cut)
+    assert engine.feature_key != LocalDecisionModel(model=path, encoder=None).feature_key
+    for state in (LONG, LONG + " Then the agent ran rm -rf /srv/invoices."):  # the second extends the cached first
+        encoded = engine.encode(state, QUESTIONS)
+        torch.testing.assert_close(encoded.features[0].query, _native(engine, state, shallow.base_model), atol=1e-4, rtol=1e-4)
+    assert encoded.cached_tokens > 10 * WINDOW
+    full = _native(LocalDecisionModel(model=path, encoder=None), LONG)  # the check can fail: all layers read otherwise
+    assert (engine.encode(LONG, QUESTIONS).features[0].query - full).abs().max() > 1e-2
 
 
 def test_a_window_ignored_would_be_caught(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import yaml
 
 from clef_guard import LocalDecisionModel
 from clef_guard.cli import main
+from clef_guard.errors import ModelLoadError
 
 COLOURS = {"red": None, "green": None, "blue": None, "yellow": None}
 ROWS = [
@@ -149,3 +150,22 @@ def test_a_bad_row_of_labeled_data_is_named_by_file_and_line(tmp_path: Path, cap
     data.write_text(json.dumps(good) + "\n" + line + "\n")
     assert main(["eval", "--data", str(data), "--engine", "zeroshot"]) == 2
     assert says in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_head_trained_on_the_first_layers_is_served_at_that_depth(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--layers`` reads features from the first layers only; the head records its depth, so the engine that
+    loads it and a warm start from it run those layers without being told, and another depth is refused."""
+    shallow, warm, features = tmp_path / "shallow", tmp_path / "warm", tmp_path / "features"
+    common = ["--data", str(data), "--options", "2", "--epochs", "3", "--features", str(features), "--json"]
+    assert main(["train", *common, "--layers", "6", "--out", str(shallow)]) == 0
+    capsys.readouterr()
+    engine = LocalDecisionModel(head=str(shallow / "decision_head.safetensors"), encoder=None)
+    assert (engine.backbone.layers, engine.decision_head.layers) == (6, 6)
+    assert len({path.name for path in features.iterdir() if path.suffix == ".pt"}) == 1
+    assert main(["train", *common, "--init-head", str(shallow / "decision_head.safetensors"), "--out", str(warm)]) == 0
+    assert LocalDecisionModel(head=str(warm / "decision_head.safetensors"), encoder=None).backbone.layers == 6
+    assert len({path.name for path in features.iterdir() if path.suffix == ".pt"}) == 1  # the warm start read at depth 6
+    with pytest.raises(ModelLoadError, match=r"reads the first 6 of the backbone's 30 decoder layers, not 30"):
+        LocalDecisionModel(head=str(shallow / "decision_head.safetensors"), layers=30, encoder=None)
+    with pytest.raises(ModelLoadError, match=r"reads the first 30 of the backbone's 30 decoder layers, not 6"):
+        LocalDecisionModel(layers=6, encoder=None)  # the shipped head reads all 30

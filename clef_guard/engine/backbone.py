@@ -58,12 +58,49 @@ class Backbone:
     """How many tokens back a local layer sees (Gemma, Mistral); ``None`` when every layer is global."""
     mixed_attention: bool = False
     """Whether local and global layers alternate: the decoder then takes a mask per layer type."""
+    model_layers: int = 0
+    """The model's own number of decoder layers (a pass may run fewer: :meth:`keep_layers`)."""
     _float_head: torch.nn.Module | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.model_layers = self.model_layers or self.layers
 
     @property
     def hidden_size(self) -> int:
         """Width of the decoder's hidden states."""
         return int(self.lm.config.hidden_size)
+
+    @property
+    def layers(self) -> int:
+        """How many decoder layers a pass runs (all of the model's, unless :meth:`keep_layers` cut them)."""
+        return len(getattr(self.decoder, self._layer_list))
+
+    @property
+    def _layer_list(self) -> str:
+        """The decoder's attribute that holds its layers (``layers``; GPT-2's ``h``)."""
+        return "layers" if hasattr(self.decoder, "layers") else "h"
+
+    @property
+    def cut_at(self) -> int | None:
+        """The layers a pass runs when :meth:`keep_layers` cut them (what a head trained on these
+        features records as :attr:`~clef_guard.engine.head.DecisionHead.layers`); ``None``: all of them."""
+        return self.layers if self.layers < self.model_layers else None
+
+    def keep_layers(self, layers: int) -> None:
+        """Run only the decoder's first ``layers`` layers from now on: the hidden states read are that
+        layer's (through the model's final norm), and a pass costs that fraction of the whole.
+
+        A head trained on such features says so (:attr:`DecisionHead.layers`), and the engine cuts
+        its backbone to match. Cutting is for good: the dropped layers are freed.
+        """
+        total = self.layers
+        if not 1 <= layers <= total:
+            raise ModelLoadError(f"cannot read {layers} decoder layers: the model has {total}")
+        setattr(self.decoder, self._layer_list, getattr(self.decoder, self._layer_list)[:layers])
+        config = self.decoder.config
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):  # caches are built per layer type
+            config.layer_types = list(config.layer_types)[:layers]
 
     @property
     def numerics(self) -> str:

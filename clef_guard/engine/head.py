@@ -155,6 +155,8 @@ class DecisionHead(nn.Module):
         far as the question resembles one of them of its kind."""
         self.readouts = nn.ModuleDict()
         """Questions answered by a readout of their own (:class:`Readout`), as ``"q" + key``."""
+        self.layers: int | None = None
+        """The decoder layers whose output it reads (the engine runs only those); ``None``: all of them."""
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
@@ -246,6 +248,8 @@ class DecisionHead(nn.Module):
             metadata["question_temperatures"] = json.dumps(self.question_temperatures, sort_keys=True)
         if self.questions:
             metadata["questions"] = json.dumps(sorted(self.questions))
+        if self.layers is not None:
+            metadata["layers"] = str(self.layers)
         Path(path).write_bytes(sorted_header(save(tensors, metadata=metadata)))
 
     @classmethod
@@ -258,6 +262,7 @@ class DecisionHead(nn.Module):
             file_format = metadata.get("format")
             question_temperatures = {str(k): float(t) for k, t in json.loads(metadata.get("question_temperatures", "{}")).items()}
             questions = tuple(_known(entry) for entry in json.loads(metadata.get("questions", "[]")))
+            layers = int(metadata["layers"]) if "layers" in metadata else None
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"cannot read decision head {str(path)!r}: {exc}") from exc
         if file_format != _FORMAT:
@@ -284,6 +289,7 @@ class DecisionHead(nn.Module):
         head.load_state_dict(tensors)
         head.question_temperatures = question_temperatures
         head.questions = questions
+        head.layers = layers
         return head.eval()  # a loaded head answers: no dropout
 
 
@@ -297,6 +303,8 @@ def averaged(heads: Sequence[DecisionHead]) -> DecisionHead:
     shared = ("feature_mean", "feature_scale", "log_temperature", *_MATCH)
     for other, state in zip(heads[1:], states[1:], strict=True):
         differs = [name for name in shared if not torch.equal(states[0][name], state[name])]
+        if other.layers != first.layers:
+            differs.append("layers")
         if differs or other.question_temperatures != first.question_temperatures:
             raise ValueError(f"heads differ in {differs or 'question temperatures'}: only heads that share them can be averaged")
     merged = DecisionHead(first.hidden_size, sum(h.width for h in heads))
@@ -312,6 +320,7 @@ def averaged(heads: Sequence[DecisionHead]) -> DecisionHead:
         merged.hidden_in.bias.copy_(torch.cat([h.hidden_in.weight @ h.hidden_norm.bias + h.hidden_in.bias for h in heads]))
         merged.hidden_out.copy_(torch.cat([h.hidden_out for h in heads], dim=1) / len(heads))
     merged.readouts = copy.deepcopy(first.readouts)
+    merged.layers = first.layers
     merged.question_temperatures = dict(first.question_temperatures)
     merged.questions = tuple(sorted({q for h in heads for q in h.questions}))
     return merged.eval()

@@ -138,6 +138,11 @@ class LocalDecisionModel(BaseDecisionModel):
     dtype: str | None = None
     """``"float32"``, ``"bfloat16"`` or ``"float16"``; default float32, except bfloat16 on CUDA for
     models of a billion parameters or more (:data:`clef_guard.engine.backbone.LOW_PRECISION_FROM`)."""
+    layers: int | None = Field(default=None, ge=1)
+    """Run only the backbone's first ``layers`` decoder layers and read their output: a pass then
+    costs that fraction of the whole model's. By default the depth the head was trained at (the
+    shipped head reads SmolLM2's first 15 of 30), else all layers; a head trained at another
+    depth is refused."""
     max_state_tokens: int | None = Field(default=None, ge=64)
     """Cap on state tokens; the backbone's context window (less the questions) otherwise."""
     prefix_cache_size: int = Field(default=8, ge=0)
@@ -191,6 +196,16 @@ class LocalDecisionModel(BaseDecisionModel):
             self._head = DecisionHead.load(head_path, self._backbone.hidden_size).to(self._backbone.device).eval()
         elif self.head:
             raise ModelLoadError(f"decision head {self.head!r} does not exist")
+        total = self._backbone.layers
+        trained_at = (self._head.layers or total) if self._head is not None else None
+        layers = self.layers or trained_at or total
+        if trained_at is not None and layers != trained_at:
+            raise ModelLoadError(
+                f"decision head {head_path!r} reads the first {trained_at} of the backbone's {total} decoder layers, "
+                f"not {layers}: leave `layers` out or train a head at that depth"
+            )
+        if layers != total:
+            self._backbone.keep_layers(layers)
         self._prefix_cache = PrefixCache(self.prefix_cache_size)
 
     @property
@@ -237,6 +252,8 @@ class LocalDecisionModel(BaseDecisionModel):
             weights = Path(self.adapter) / "adapter_model.safetensors"
             adapter = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else self.adapter
         identity: dict[str, Any] = {"model": self.model, "adapter": adapter, "layout": 2}
+        if self._backbone.cut_at is not None:  # the whole model's features keep the key they had
+            identity["layers"] = self._backbone.cut_at
         if self._backbone.numerics != "float32":  # float32 features keep the key they had before other numerics
             identity["numerics"] = self._backbone.numerics
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -24,7 +24,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from clef_guard.engine.backbone import EMBEDDED_MODEL
 from clef_guard.engine.encoder import load_encoder
 from clef_guard.engine.head import HEAD_FILE, HIDDEN_WIDTH, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
@@ -64,6 +63,7 @@ def add_commands(commands: Any) -> None:
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--model", default=None, help="backbone (default: the embedded model)")
     engine.add_argument("--adapter", default=None, help="peft adapter folder")
+    engine.add_argument("--layers", type=int, default=None, help="decoder layers the backbone runs (default: the head's depth, else all)")
     engine.add_argument("--limit", type=int, default=None, help="a fixed-seed random sample of N examples per task")
     engine.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     engine.add_argument("--json", action="store_true", help="print one JSON object")
@@ -197,10 +197,11 @@ def _progress(console: Console, quiet: bool) -> Iterator[Progress]:
         yield progress
 
 
-def _engine(args: argparse.Namespace, head: str | None = None) -> LocalDecisionModel:
-    """The engine for a command: ``--model`` and ``--adapter``, with ``head`` (none: the backbone alone)."""
-    options = {"model": args.model, "adapter": args.adapter, "head": head}
-    return LocalDecisionModel(**{k: v for k, v in options.items() if v})
+def _engine(args: argparse.Namespace, head: str | None = None, *, default_head: bool = False) -> LocalDecisionModel:
+    """The engine for a command: ``--model``, ``--adapter`` and ``--layers``, with ``head`` (none: the
+    backbone alone, or with ``default_head`` the shipped head where the backbone is the embedded one)."""
+    options = {"model": args.model, "adapter": args.adapter, "head": head, "layers": args.layers}
+    return LocalDecisionModel(default_head=default_head, **{k: v for k, v in options.items() if v})
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     if args.members is not None and args.members < 1:  # before any row is read
         raise ClefGuardError(f"--members must be at least 1, not {args.members}")
     started = time.perf_counter()
-    engine = _engine(args)
+    init_path = _init_path(args)
+    engine = _engine(args, str(init_path) if init_path else None)  # a warm start reads at its head's depth
     labeled = _labeled(args, engine, console, "reading examples with the backbone")
     replayed = _replayed(args)
     features = labeled.features + replayed
@@ -330,6 +332,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
             on_epoch=lambda epoch, loss: progress.update(bar, completed=epoch),
         )
     head.questions = trained_questions(labeled.questions, init)
+    head.layers = engine.backbone.cut_at
     readouts = fit_readouts(head, labeled.features, judge=init, replayed=replayed) if init is not None and args.readouts else []
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
@@ -528,9 +531,9 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
         if name == "sparrow":
             engines.append(SparrowDecisionModel())
         elif name == "zeroshot":
-            engines.append(LocalDecisionModel(model=args.model or EMBEDDED_MODEL, adapter=args.adapter, default_head=False))
+            engines.append(_engine(args))
         else:
-            engines.append(_engine(args, args.head))
+            engines.append(_engine(args, args.head, default_head=True))
     results = []
     for engine in engines:
         with _progress(console, args.json) as progress:
