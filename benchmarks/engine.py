@@ -18,9 +18,9 @@
   in the prompt and a branch each); ``listed_over_encoder_77`` and
   ``backbone_wide_over_encoder_77`` are the ratios of their p50s.
 - gate_p50/p95_ms: latency per gate with 1 and 4 questions on a 512-token state, on
-  whatever device the engine picked (run it on a GPU for the GPU figures), at the shipped
-  head's depth (``layers``: the decoder layers it reads, of the model's) and with every
-  layer run (``_all_layers``).
+  whatever device the engine picked (run it on a GPU for the GPU figures); beside them a
+  one-question gate with only the first half of the decoder layers run (``half_depth``,
+  without a head: what the depth lever saves, ``half_depth_speedup``; docs/engine.md#depth).
 - agent_loop: an agent's 12 turns through a ``Guard`` with the shipped destructive-actions
   and outbound-communication policies, on a realistic state (a system prompt with the tools'
   docstrings, a request, every call and its result). Per gate after the first turn: p50/p95
@@ -29,9 +29,8 @@
   run here to completion before the next step, as it would while the agent's model writes),
   all with every question asked at once (what a ``Guard`` does by default); ``lazy``:
   read-ahead with lazy questions (a policy's questions asked as its rules need them,
-  ``Guard(lazy=True)``); ``one_reading``: read-ahead with one reading of each view
-  (``Policy.without_trusted_reading``); and ``all_layers``: read-ahead with every decoder
-  layer run, as before the shipped head read fewer (``agent_fewer_layers_speedup``).
+  ``Guard(lazy=True)``); and ``one_reading``: read-ahead with one reading of each view
+  (``Policy.without_trusted_reading``).
 - bfloat16: the same backbone in bf16 beside float32, a gate on a 512-token state, and how
   far its answers move: from float32's, and between a cached and an uncached read of one
   state (a reduced-precision backbone's answers depend on how its tokens were grouped).
@@ -179,10 +178,9 @@ def agent_loop_figures(repeats: int) -> dict[str, Any]:
     that with one reading of each view (no trusted reading)."""
     results: dict[str, Any] = {}
     modes = (("no_cache", 0, False, False, True), ("cache", 8, False, False, True), ("read_ahead", 8, True, False, True),
-             ("lazy", 8, True, True, True), ("one_reading", 8, True, False, False), ("all_layers", 8, True, False, True))
+             ("lazy", 8, True, True, True), ("one_reading", 8, True, False, False))
     for mode, cache, ahead, lazy, trusted in modes:
-        # all_layers: the default, every decoder layer run (without the shipped head, which reads fewer)
-        engine = LocalDecisionModel(prefix_cache_size=cache, **({"default_head": False} if mode == "all_layers" else {}))
+        engine = LocalDecisionModel(prefix_cache_size=cache)
         later: list[tuple[float, int]] = []
         first: list[float] = []
         agent_loop(engine, read_ahead=ahead, lazy=lazy, trusted=trusted)  # warm-up
@@ -197,7 +195,6 @@ def agent_loop_figures(repeats: int) -> dict[str, Any]:
     results["agent_read_ahead_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_read_ahead_p50_ms"]
     results["agent_lazy_cost"] = results["agent_lazy_p50_ms"] / results["agent_read_ahead_p50_ms"]
     results["agent_trusted_reading_cost"] = results["agent_read_ahead_p50_ms"] / results["agent_one_reading_p50_ms"]
-    results["agent_fewer_layers_speedup"] = results["agent_all_layers_p50_ms"] / results["agent_read_ahead_p50_ms"]
     return results
 
 
@@ -374,13 +371,13 @@ def run(repeats: int) -> dict[str, Any]:
     results["permutation_max_delta"] = worst
 
     state512 = state_of_tokens(engine, 512)
-    all_layers = LocalDecisionModel(prefix_cache_size=0, default_head=False)  # what the shipped head's depth saves
     for n in (1, 4):
         times = timed(ask(uncached, state512, dict(list(QUESTIONS.items())[:n])), max(repeats, 20))
         results[f"gate_{n}q_p50_ms"], results[f"gate_{n}q_p95_ms"] = p50_p95_ms(times)
-        times = timed(ask(all_layers, state512, dict(list(QUESTIONS.items())[:n])), max(repeats, 20))
-        results[f"gate_{n}q_all_layers_p50_ms"], results[f"gate_{n}q_all_layers_p95_ms"] = p50_p95_ms(times)
-    results["layers"] = f"{uncached.backbone.layers} of {uncached.backbone.model_layers}"
+    half = LocalDecisionModel(prefix_cache_size=0, default_head=False, layers=uncached.backbone.layers // 2)
+    times = timed(ask(half, state512, dict(list(QUESTIONS.items())[:1])), max(repeats, 20))
+    results["gate_1q_half_depth_p50_ms"], results["gate_1q_half_depth_p95_ms"] = p50_p95_ms(times)
+    results["half_depth_speedup"] = results["gate_1q_p50_ms"] / results["gate_1q_half_depth_p50_ms"]
     return results
 
 

@@ -140,9 +140,9 @@ class LocalDecisionModel(BaseDecisionModel):
     models of a billion parameters or more (:data:`clef_guard.engine.backbone.LOW_PRECISION_FROM`)."""
     layers: int | None = Field(default=None, ge=1)
     """Run only the backbone's first ``layers`` decoder layers and read their output: a pass then
-    costs that fraction of the whole model's. By default the depth the head was trained at (the
-    shipped head reads SmolLM2's first 15 of 30), else all layers; a head trained at another
-    depth is refused."""
+    costs that fraction of the whole model's. By default the depth the head was trained at
+    (``clef-guard train --layers``; the shipped head reads all of SmolLM2's 30), else all
+    layers; a head trained at another depth is refused."""
     max_state_tokens: int | None = Field(default=None, ge=64)
     """Cap on state tokens; the backbone's context window (less the questions) otherwise."""
     prefix_cache_size: int = Field(default=8, ge=0)
