@@ -333,7 +333,7 @@ def main() -> None:
         }
         for name in [n for n in readings if n in scored_on or n == SHIPPED]:  # as served, and without familiarity or encoder
             if name in scored_on:
-                readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], read(part)[1])]
+                readings[f"{name}, unscaled"] = [p.tolist() for p in predict(heads[name], read(part, depth(heads[name]))[1])]
             encoded = [engine.encoder_reading(r.state, q, head=heads[name]) for r, q in zip(rows, asked, strict=True)]
             if any(e is not None for e in encoded):  # as the engine serves it: the encoder where it answers
                 readings[f"{name}, head alone"] = readings[name]
