@@ -160,7 +160,7 @@ def _explain(args: argparse.Namespace, console: Console) -> int:
     if not isinstance(tool_call, dict):
         raise PolicyError("the tool call must be a JSON object", field="--tool-call")
     engine = _load_engine(args, console) if policy.questions else None  # a rules-only policy never needs one
-    guard = Guard([policy], engine=engine, human_review=True, lazy=False)  # every answer, for the trace
+    guard = Guard([policy], engine=engine, human_review=True, every_question=True)  # every answer, for the trace
     phase = args.phase or policy.applies_to.phase
     verdict = guard.check(tool_call, state, phase=phase, step=args.step)
     decision = verdict.decisions[0] if verdict.decisions else None

@@ -160,7 +160,8 @@ def _interrupted(agent: Any, request: str) -> Any:
     ],
 )
 def test_confirm_interrupts_and_each_decision_resumes(notes: Path, decision: dict, file_text: str | None, status: str, phrase: str) -> None:
-    agent = _agent(notes, [[("write_note", {"name": "ask.txt", "text": "draft"})]], script={"delete": 0.2})
+    # every_question: the `ask` rule decides on the call alone, and the payload should still carry an answer
+    agent = _agent(notes, [[("write_note", {"name": "ask.txt", "text": "draft"})]], script={"delete": 0.2}, every_question=True)
     paused = _interrupted(agent, "write it")
     (pending,) = paused.interrupts
     request = pending.value

@@ -1,4 +1,5 @@
-"""Lazy questions: a policy asks only what its rules need, and decides exactly what all its answers would."""
+"""Asking less: a policy asks only the questions its rules can use on the call (all at once, or lazily in
+rounds), and decides exactly what all its answers would."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from clef_guard import Guard, load_policies, parse_policy
 from clef_guard.engine.answers import build_answer
 from clef_guard.engine.requests import parse_questions
 from clef_guard.gate.guard import situation
-from clef_guard.gate.rules import cel_value, evaluate_rules, next_questions
+from clef_guard.gate.rules import cel_value, evaluate_rules, next_questions, relevant_questions
 from clef_guard.policy.load import builtin_policies
 
 SHIPPED = [p for p in load_policies(*builtin_policies()) if p.questions]
@@ -41,21 +42,59 @@ def _answers(policy: Any, draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_lazy_rounds_decide_what_every_answer_decides(data: st.DataObject) -> None:
+@given(data=st.data(), lazy=st.booleans())
+def test_asking_less_decides_what_every_answer_decides(data: st.DataObject, lazy: bool) -> None:
     policy = data.draw(st.sampled_from(SHIPPED), label="policy")
     call, flow = situation(data.draw(st.sampled_from(CALLS), label="call"), None, {})
     every = _answers(policy, data.draw)
     eager = evaluate_rules(policy, every, call, {}, flow=flow)
+    relevant = relevant_questions(policy, call, {}, flow)
     asked: dict[str, Any] = {}
     rounds = 0
-    while wanted := next_questions(policy, asked, call, {}, flow):
+    while wanted := next_questions(policy, asked, call, {}, flow, at_once=not lazy, relevant=relevant):
         assert not set(wanted) & set(asked), "a question is never asked twice"
         asked.update({qid: every[qid] for qid in wanted})
         rounds += 1
-    lazy = evaluate_rules(policy, asked, call, {}, flow=flow)
-    assert (lazy.action, lazy.rule, lazy.message, lazy.error) == (eager.action, eager.rule, eager.message, eager.error)
-    assert rounds <= 2  # the first question, then what the remaining rules read
+    fewer = evaluate_rules(policy, asked, call, {}, flow=flow)
+    assert (fewer.action, fewer.rule, fewer.message, fewer.error) == (eager.action, eager.rule, eager.message, eager.error)
+    assert set(asked) <= set(relevant), "the forecast never misses a question a shipped policy's rules need"
+    assert rounds <= (2 if lazy else 1)  # lazily: the first question, then what the remaining rules read
+
+
+def test_a_question_the_calls_facts_settle_is_not_asked() -> None:
+    policy = load_policies("destructive-actions")[0]
+    for call, relevant in [
+        ({"name": "delete_file", "args": {"path": "notes/a.md"}}, ("requested", "scope")),  # destructive by its name
+        ({"name": "run_sql", "args": {"query": "DELETE FROM t WHERE id = 1"}}, ("requested", "scope")),
+        ({"name": "move_file", "args": {"source": "a", "target": "b"}}, ("destructive", "requested", "scope")),
+        ({"name": "shell", "args": {"command": "rm -rf /"}}, ()),  # a rule over the call alone denies
+    ]:
+        checked, flow = situation(call, None, {})
+        assert relevant_questions(policy, checked, {}, flow) == relevant, call
+
+
+def test_a_forecast_that_misses_asks_again() -> None:
+    # a rule the corners cannot see into: b matters only where a is exactly 0.5
+    policy = parse_policy(
+        textwrap.dedent(
+            """\
+            version: 1
+            name: odd
+            applies_to: {tools: [delete_*]}
+            questions:
+              a: {type: noul, instructions: 'Question a?'}
+              b: {type: noul, instructions: 'Question b?'}
+            rules:
+              - {id: one, when: 'answers.a == 0.5 && answers.b > 0.5', then: deny, message: m}
+            """
+        )
+    )
+    call, flow = situation({"name": "delete_file", "args": {}}, None, {})
+    assert relevant_questions(policy, call, {}, flow) == ("a",)
+    engine = ScriptedDecisionModel(script={"Question a": 0.5, "Question b": 0.9})
+    verdict = Guard([policy], engine=engine).check({"name": "delete_file", "args": {}, "id": "c1"}, {"messages": []})
+    assert [[q.instructions for q in c["questions"].values()] for c in engine.calls] == [["Question a?"], ["Question b?"]]
+    assert verdict.action == "deny"
 
 
 WHOLE_MAP = textwrap.dedent(
@@ -116,7 +155,7 @@ def _numbers(answer: Any) -> dict[str, float]:
     return {"yes": value} if isinstance(value, float) else {str(k): float(v) for k, v in value["probabilities"].items()}
 
 
-def test_the_embedded_engine_asked_lazily_agrees_with_asking_everything(engine: Any) -> None:
+def test_the_embedded_engine_asked_less_agrees_with_asking_everything(engine: Any) -> None:
     policies = load_policies("destructive-actions", "outbound-communication")
     state = {"messages": [HumanMessage("Tidy the build folder and tell Ana at the agency the release moved to Friday.")]}
     calls = [
@@ -127,15 +166,18 @@ def test_the_embedded_engine_asked_lazily_agrees_with_asking_everything(engine: 
     ]
     for call in calls:
         engine.clear_prefix_cache()
-        eager = Guard(policies, engine=engine, lazy=False).check(call, state)
-        engine.clear_prefix_cache()
-        lazy = Guard(policies, engine=engine, lazy=True).check(call, state)
-        assert (lazy.action, lazy.policy, lazy.rule) == (eager.action, eager.policy, eager.rule), call["name"]
-        for first, second in zip(eager.decisions, lazy.decisions, strict=True):
-            assert set(second.answers) <= set(first.answers)
-            for qid, answer in second.answers.items():
-                assert _numbers(answer) == pytest.approx(_numbers(first.answers[qid]), abs=1e-4), qid
-        fewer = sum(map(len, (d.answers for d in lazy.decisions))) < sum(map(len, (d.answers for d in eager.decisions)))
-        computed = lazy.input_tokens - lazy.cached_tokens, eager.input_tokens - eager.cached_tokens
-        assert computed[0] < computed[1] if fewer else computed[0] <= computed[1] + 8, (call["name"], computed)
-    assert Guard(policies, engine=engine, lazy=True).check(calls[3], state).input_tokens == 0  # rm -rf /: the rules alone
+        every = Guard(policies, engine=engine, every_question=True).check(call, state)
+        for lazy in (False, True):
+            engine.clear_prefix_cache()
+            fewer = Guard(policies, engine=engine, lazy=lazy).check(call, state)
+            assert (fewer.action, fewer.policy, fewer.rule) == (every.action, every.policy, every.rule), call["name"]
+            for first, second in zip(every.decisions, fewer.decisions, strict=True):
+                assert set(second.answers) <= set(first.answers)
+                for qid, answer in second.answers.items():
+                    assert _numbers(answer) == pytest.approx(_numbers(first.answers[qid]), abs=1e-4), qid
+            skipped = sum(map(len, (d.answers for d in fewer.decisions))) < sum(map(len, (d.answers for d in every.decisions)))
+            computed = fewer.input_tokens - fewer.cached_tokens, every.input_tokens - every.cached_tokens
+            assert computed[0] < computed[1] if skipped else computed[0] <= computed[1] + 8, (call["name"], lazy, computed)
+        if call["name"] == "delete_file":  # destructive by its name: `destructive` is never asked
+            assert "destructive" in every.decisions[0].answers and "destructive" not in fewer.decisions[0].answers
+    assert Guard(policies, engine=engine).check(calls[3], state).input_tokens == 0  # rm -rf /: the rules alone

@@ -30,8 +30,11 @@ from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS
 CALLS = [[("write_note", {"name": "ask-1.txt", "text": "a"})], [("write_note", {"name": "ask-2.txt", "text": "b"})]]
 
 
-def _reviewed(folder: Path, log: ReviewLog, answers: list[dict[str, Any]], engine: BaseDecisionModel | None = None) -> None:
-    guard = Guard([parse_policy(POLICY)], engine=engine or ScriptedDecisionModel(script={"delete": 0.3}), human_review=True)
+def _reviewed(
+    folder: Path, log: ReviewLog, answers: list[dict[str, Any]], engine: BaseDecisionModel | None = None, **guard_kwargs: Any
+) -> None:
+    engine = engine or ScriptedDecisionModel(script={"delete": 0.3})
+    guard = Guard([parse_policy(POLICY)], engine=engine, human_review=True, **guard_kwargs)
     agent = create_agent(ScriptedChatModel(turns=CALLS), _tools(folder), middleware=[GuardMiddleware(guard, review_log=log)],
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "review"}}
@@ -44,7 +47,9 @@ def _reviewed(folder: Path, log: ReviewLog, answers: list[dict[str, Any]], engin
 
 def test_each_answer_is_one_row_with_labels_and_no_state_unless_asked(tmp_path: Path) -> None:
     log = tmp_path / "reviews.jsonl"
-    _reviewed(tmp_path, ReviewLog(log), [{"type": "approve", "corrections": {"destructive": False, "nope": True}}, {"type": "reject"}])
+    # the `ask` rule decides on the call alone: every_question, so that the rows carry the engine's answer too
+    reviews = [{"type": "approve", "corrections": {"destructive": False, "nope": True}}, {"type": "reject"}]
+    _reviewed(tmp_path, ReviewLog(log), reviews, every_question=True)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["tool"], r["policy"], r["rule"], r["decision"]) for r in rows] == [
         ("write_note", "files", "ask", "approve"), ("write_note", "files", "ask", "reject")

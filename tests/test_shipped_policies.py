@@ -18,8 +18,15 @@ POLICIES = Path(__file__).parent.parent / "policies"
 
 @pytest.fixture(scope="module")
 def guard(engine: LocalDecisionModel) -> Guard:
-    """Every shipped policy, asking every question of every matching policy at once (the default)."""
+    """Every shipped policy, asking at once the questions of every matching policy that the call's
+    facts leave a use for (the default)."""
     return Guard(load_policies(POLICIES), engine=engine, human_review=True)
+
+
+@pytest.fixture(scope="module")
+def every_question_guard(engine: LocalDecisionModel) -> Guard:
+    """The same guard asking every question of every matching policy."""
+    return Guard(load_policies(POLICIES), engine=engine, human_review=True, every_question=True)
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +57,15 @@ def lazy_guard(engine: LocalDecisionModel) -> Guard:
     ],
 )
 def test_hard_rules_decide_whatever_the_model_says(
-    guard: Guard, lazy_guard: Guard, call: dict, phase: str, result: str | None, policy: str, rule: str, action: str
+    guard: Guard, lazy_guard: Guard, every_question_guard: Guard,
+    call: dict, phase: str, result: str | None, policy: str, rule: str, action: str,
 ) -> None:
-    lazy, eager = (g.check(call, [HumanMessage("Tidy up, please.")], phase=phase, tool_result=result) for g in (lazy_guard, guard))
-    assert (lazy.policy, lazy.rule, lazy.action) == (eager.policy, eager.rule, eager.action) == (policy, rule, action)
-    assert next(d for d in eager.decisions if d.policy == policy).answers, "asked everything, the engine's answers are kept"
-    assert not next(d for d in lazy.decisions if d.policy == policy).answers, "asked lazily, the rule decided before any question"
+    guards = (every_question_guard, guard, lazy_guard)
+    every, eager, lazy = (g.check(call, [HumanMessage("Tidy up, please.")], phase=phase, tool_result=result) for g in guards)
+    assert {(v.policy, v.rule, v.action) for v in (every, eager, lazy)} == {(policy, rule, action)}
+    assert next(d for d in every.decisions if d.policy == policy).answers, "asked everything, the engine's answers are kept"
+    for fewer in (eager, lazy):  # the rule decides on the call alone: none of its policy's questions is asked
+        assert not next(d for d in fewer.decisions if d.policy == policy).answers
 
 
 @pytest.mark.parametrize("command", ["find logs/ -name '*.log'", "dd if=disk.img of=backup.img", "ls -rt logs/", "grep -r rm ./scripts"])
@@ -177,9 +187,11 @@ GOLDEN_CALLS = [
 ]
 
 
-def test_a_one_file_delete_late_in_an_agent_loop_reads_as_narrow(guard: Guard) -> None:
+def test_a_one_file_delete_late_in_an_agent_loop_reads_as_narrow(every_question_guard: Guard) -> None:
     """The demo's state: three steps (one a bounded DELETE) before a one-file delete, which reads
-    below level 2 (no escalation) and narrower than formatting a disk there."""
+    below level 2 (no escalation) and narrower than formatting a disk there (which a rule denies
+    before `scope` matters: every question is asked, to read it)."""
+    guard = every_question_guard
     turns = [HumanMessage(GOLDEN_REQUEST)]
     for index, (name, args, result) in enumerate(GOLDEN_STEPS):
         turns += [AIMessage("", tool_calls=[{"name": name, "args": args, "id": f"c{index}"}]), ToolMessage(result, tool_call_id=f"c{index}")]

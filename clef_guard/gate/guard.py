@@ -3,9 +3,10 @@
 One check, in order:
 
 1. every policy that applies to the call (tool glob, step, ``applies_to.when``, phase);
-2. the questions of all of them, merged (identical questions asked once) into one
-   engine request per distinct state view, under a timeout; asked lazily (``Guard(lazy=True)``),
-   a policy's questions come in rounds, only as many as its rules need to decide;
+2. the questions of all of them that the call's facts leave a rule a use for (every one with
+   ``Guard(every_question=True)``), merged (identical questions asked once) into one engine
+   request per distinct state view, under a timeout; asked lazily (``Guard(lazy=True)``), a
+   policy's questions come in rounds, only as many as its rules need to decide;
 3. each policy's rules in order over its answers: the first that holds decides, else
    the policy's ``default``; an engine or rule failure gives the policy's ``on_error``;
 4. the strictest action wins (deny > escalate > confirm > allow), every reason is kept;
@@ -36,6 +37,7 @@ from clef_guard.gate.rules import (
     failed_decision,
     label_result,
     next_questions,
+    relevant_questions,
 )
 from clef_guard.gate.trail import (
     carried_labels,
@@ -118,6 +120,8 @@ class _Check:
     settled: list[PolicyDecision] = field(default_factory=list)
     """Decisions made without the engine: policies with no questions, or whose ``applies_to.when`` failed."""
     escalations: list[_Unit] = field(default_factory=list)
+    relevant: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per policy, the questions whose answers can change its decision on this call (:func:`relevant_questions`)."""
 
 
 @dataclass
@@ -202,6 +206,12 @@ class Guard:
         CPU engine a pass costs what about 50 tokens do and every question at once read
         faster in the measured agent loop (docs/results.md); on for policies that ask
         many long questions their rules seldom need.
+    every_question
+        Ask every question of a policy that applies. By default a question the call's facts
+        leave no rule a use for is not asked (on a call ``facts.known_destructive`` flags,
+        ``known_destructive || answers.destructive >= t`` never reads ``destructive``:
+        :func:`~clef_guard.gate.rules.relevant_questions`), and the verdict is the same; set
+        it where traces or review logs should hold every answer.
     """
 
     def __init__(
@@ -217,9 +227,12 @@ class Guard:
         telemetry: Telemetry | None = None,
         mode: Mode = "enforce",
         lazy: bool = False,
+        every_question: bool = False,
     ) -> None:
         if mode not in ("enforce", "shadow"):
             raise ValueError(f"mode is 'enforce' or 'shadow', not {mode!r}")
+        if lazy and every_question:
+            raise ValueError("lazy asks only what the rules need, every_question asks everything: pick one")
         overrides = load_calibration(calibration) if calibration is not None else {}
         by_name: dict[str, Policy] = {}
         for policy in policies:
@@ -244,6 +257,7 @@ class Guard:
         self.telemetry = telemetry or Telemetry()
         self.mode = mode
         self.lazy = lazy
+        self.every_question = every_question
         self._enforcing = {p.name for p in self.policies if mode == "enforce" and p.mode == "enforce"}
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="clef-guard")
         self._ahead: concurrent.futures.Future[None] | None = None
@@ -456,14 +470,19 @@ class Guard:
             calibrated = unit.policy.name in self._calibrated
             unit.decision = failed_decision(unit.policy, error, answers=unit.answers, calibrated=calibrated, escalated=unit.escalated)
 
-    @staticmethod
-    def _wanted(run: _Check, unit: _Unit, *, lazy: bool) -> tuple[str, ...]:
-        """The questions ``unit`` needs answered next: what its rules need (lazy), or all not yet answered."""
+    def _wanted(self, run: _Check, unit: _Unit, *, lazy: bool) -> tuple[str, ...]:
+        """The questions ``unit`` needs answered next: those its rules can use on this call's facts, all
+        at once or as the rules need them (lazy); then any a rule turns out to need."""
         if unit.decision is not None:
             return ()
-        if lazy:
-            return tuple(next_questions(unit.policy, unit.answers, run.call, run.context, run.flow))
-        return tuple(qid for qid in unit.policy.questions if qid not in unit.answers)
+        if self.every_question:
+            return tuple(qid for qid in unit.policy.questions if qid not in unit.answers)
+        name = unit.policy.name
+        if name not in run.relevant:
+            run.relevant[name] = relevant_questions(unit.policy, run.call, run.context, run.flow)
+        return next_questions(
+            unit.policy, unit.answers, run.call, run.context, run.flow, at_once=not lazy, relevant=run.relevant[name]
+        )
 
     def _screen(self, run: _Check, unit: _Unit, questions: Sequence[str], deadline: float | None) -> None:
         """Answer ``questions`` of ``unit`` with their screens, in this process (:mod:`clef_guard.engine.screen`),

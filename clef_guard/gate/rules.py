@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -9,13 +10,17 @@ from typing import Any
 
 from langchain_core.decisions import ChoiceAnswer, NoulAnswer, ScoreAnswer
 
+from clef_guard.engine.answers import build_answer
+from clef_guard.engine.requests import ParsedQuestion, parse_questions
 from clef_guard.errors import EngineError
 from clef_guard.gate.trail import marks_of
 from clef_guard.gate.verdict import PolicyDecision
-from clef_guard.policy.load import EMPTY_FLOW, Policy
+from clef_guard.policy.load import EMPTY_FLOW, CompiledRule, Policy
 
 PATTERN_TIMEOUT_S = 0.25
 """Longest a label pattern may search one result (a pathological pattern fails closed)."""
+CORNER_LIMIT = 64
+"""Most corners of the answers :func:`relevant_questions` tries; a policy with more asks every question."""
 
 
 def evaluate_rules(
@@ -64,6 +69,9 @@ def next_questions(
     call: Mapping[str, Any],
     context: Mapping[str, Any],
     flow: Mapping[str, Any] = EMPTY_FLOW,
+    *,
+    at_once: bool = False,
+    relevant: tuple[str, ...] | None = None,
 ) -> tuple[str, ...]:
     """The questions to ask next so that ``policy``'s rules can decide on ``answers`` (those so far).
 
@@ -75,6 +83,9 @@ def next_questions(
     the first unasked question it reads (in the policy's order); after, every unasked
     question it and the later rules read. ``()``: the rules decide (or fail closed) on what
     is known. A rule or label rule that reads the answers map as a whole needs every answer.
+    ``at_once``: every unasked question the first rule that cannot evaluate and the later ones
+    read, even before any answer. ``relevant``: of those, only the ones in it
+    (:func:`relevant_questions`) while any is; the rest once no other is left.
     """
     unasked = [qid for qid in policy.questions if qid not in answers]
     if not unasked or any(answer_problem(answer) for answer in answers.values()):
@@ -86,9 +97,66 @@ def next_questions(
     if failure is None:  # a rule holds, or none does: decided
         return ()
     # a missing answer, or a failure evaluate_rules reports once nothing it reads is missing
-    read_now = set(reads[index] or ()) if not answers else {qid for read in reads[index:] for qid in read or ()}
+    first = not answers and not at_once
+    read_now = set(reads[index] or ()) if first else {qid for read in reads[index:] for qid in read or ()}
     wanted = [qid for qid in unasked if qid in read_now]
-    return tuple(wanted if answers else wanted[:1])
+    if relevant is not None:
+        wanted = [qid for qid in wanted if qid in relevant] or wanted
+    return tuple(wanted[:1] if first else wanted)
+
+
+def relevant_questions(
+    policy: Policy,
+    call: Mapping[str, Any],
+    context: Mapping[str, Any],
+    flow: Mapping[str, Any] = EMPTY_FLOW,
+) -> tuple[str, ...]:
+    """The questions whose answers can change ``policy``'s decision on this call, in the policy's order.
+
+    A question is left out when the call's facts leave no rule a use for it: on a call that
+    ``facts.known_destructive`` flags, ``known_destructive || answers.destructive >= t`` holds
+    whatever ``destructive`` says. It is tried at every corner of the answers (each yes/no at 0
+    and 1, each score at its lowest and highest level, each choice at each of its labels): left
+    out when, at every corner, the rules evaluate without it whenever they do with it. This is a
+    forecast, not what decides: an answer a rule turns out to need is asked in another round
+    (:func:`next_questions`), so the verdict is the one all the answers give. A policy with more
+    than :data:`CORNER_LIMIT` corners, or a rule that reads the answers map as a whole, keeps
+    every question.
+    """
+    qids = tuple(policy.questions)
+    if not qids or any(rule.reads is None for rule in policy.rules) or any(label.reads_answers for label in policy.labels):
+        return qids
+    parsed = parse_questions(policy.questions)
+    choices = [[cel_value(build_answer(q, [float(i == k) for i in range(len(q.options))])) for k in _corner_options(q)] for q in parsed]
+    if math.prod(len(values) for values in choices) > CORNER_LIMIT:
+        return qids
+    base = cel_variables(policy, {}, call, context, flow)
+    settled = {i: _outcome(rule, base) for i, rule in enumerate(policy.rules) if not rule.reads}  # the same at every corner
+    needed: set[str] = set()
+    for corner in itertools.product(*choices):
+        answers = dict(zip(qids, corner, strict=True))
+        for i, rule in enumerate(policy.rules):  # the rules as they run with every answer, up to the one that decides
+            for qid in [qid for qid in rule.reads or () if qid not in needed]:  # does the rule evaluate without it?
+                if _outcome(rule, {**base, "answers": {k: v for k, v in answers.items() if k != qid}}) is None:
+                    needed.add(qid)
+            outcome = settled[i] if i in settled else _outcome(rule, {**base, "answers": answers})
+            if outcome is not False:  # it holds, or fails with every answer (not for want of any one)
+                break
+    return tuple(qid for qid in qids if qid in needed)
+
+
+def _outcome(rule: CompiledRule, variables: Mapping[str, Any]) -> bool | None:
+    """Whether ``rule`` holds on ``variables``; ``None`` when it cannot be evaluated."""
+    try:
+        return rule.program.execute(variables) is True
+    except Exception:
+        return None
+
+
+def _corner_options(question: ParsedQuestion) -> range | tuple[int, ...]:
+    """The options a corner gives ``question`` all its probability: a score's extremes, else every option."""
+    last = len(question.options) - 1
+    return (0, last) if question.kind == "score" else range(last + 1)
 
 
 def failed_decision(
