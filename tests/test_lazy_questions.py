@@ -73,22 +73,27 @@ def test_a_question_the_calls_facts_settle_is_not_asked() -> None:
         assert relevant_questions(policy, checked, {}, flow) == relevant, call
 
 
+TWO_QUESTIONS = textwrap.dedent(
+    """\
+    version: 1
+    name: two-questions
+    applies_to: {tools: [delete_*]}
+    questions:
+      a: {type: noul, instructions: 'Question a?'}
+      b: {type: noul, instructions: 'Question b?'}
+    rules:
+      - {id: one, when: 'WHEN', then: deny, message: m}
+    """
+)
+
+
+def _two_questions(when: str) -> Any:
+    """A policy asking questions a and b on delete_* calls, with one rule."""
+    return parse_policy(TWO_QUESTIONS.replace("WHEN", when))
+
+
 def test_a_forecast_that_misses_asks_again() -> None:
-    # a rule the corners cannot see into: b matters only where a is exactly 0.5
-    policy = parse_policy(
-        textwrap.dedent(
-            """\
-            version: 1
-            name: odd
-            applies_to: {tools: [delete_*]}
-            questions:
-              a: {type: noul, instructions: 'Question a?'}
-              b: {type: noul, instructions: 'Question b?'}
-            rules:
-              - {id: one, when: 'answers.a == 0.5 && answers.b > 0.5', then: deny, message: m}
-            """
-        )
-    )
+    policy = _two_questions("answers.a == 0.5 && answers.b > 0.5")  # b matters only where a is exactly 0.5: no corner
     call, flow = situation({"name": "delete_file", "args": {}}, None, {})
     assert relevant_questions(policy, call, {}, flow) == ("a",)
     engine = ScriptedDecisionModel(script={"Question a": 0.5, "Question b": 0.9})
@@ -97,22 +102,8 @@ def test_a_forecast_that_misses_asks_again() -> None:
     assert verdict.action == "deny"
 
 
-WHOLE_MAP = textwrap.dedent(
-    """\
-    version: 1
-    name: whole-map
-    applies_to: {tools: [delete_*]}
-    questions:
-      a: {type: noul, instructions: 'Question a?'}
-      b: {type: noul, instructions: 'Question b?'}
-    rules:
-      - {id: one, when: 'answers.a > 0.5 || has(answers.b)', then: confirm, message: m}
-    """
-)
-
-
 def test_a_rule_that_reads_the_answers_map_as_a_whole_asks_every_question_at_once() -> None:
-    policy = parse_policy(WHOLE_MAP)
+    policy = _two_questions("answers.a > 0.5 || has(answers.b)")
     call, flow = situation({"name": "delete_file", "args": {}}, None, {})
     assert policy.rules[0].reads is None
     assert next_questions(policy, {}, call, {}, flow) == ("a", "b")
