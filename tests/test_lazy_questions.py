@@ -4,11 +4,13 @@ rounds), and decides exactly what all its answers would."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langchain_core.decisions import Noul
 from langchain_core.messages import HumanMessage
 from model import ScriptedDecisionModel
 from test_gate import DESTRUCTIVE
@@ -100,6 +102,21 @@ def test_a_forecast_that_misses_asks_again() -> None:
     verdict = Guard([policy], engine=engine).check({"name": "delete_file", "args": {}, "id": "c1"}, {"messages": []})
     assert [[q.instructions for q in c["questions"].values()] for c in engine.calls] == [["Question a?"], ["Question b?"]]
     assert verdict.action == "deny"
+
+
+def test_a_forecast_past_its_budget_keeps_every_question() -> None:
+    # nine yes/no questions: 512 corners, more than the budget; the rule never reads b1 .. b8
+    questions = {"a": Noul(instructions="Question a?"), **{f"b{i}": Noul(instructions=f"Question b{i}?") for i in range(1, 9)}}
+    small = replace(_two_questions("answers.a > 0.5"), questions=dict(list(questions.items())[:2]))
+    large = replace(small, questions=questions)
+    call, flow = situation({"name": "delete_file", "args": {}}, None, {})
+    assert relevant_questions(small, call, {}, flow) == ("a",)
+    assert relevant_questions(large, call, {}, flow) == tuple(questions)
+
+
+def test_lazy_and_every_question_are_refused_together() -> None:
+    with pytest.raises(ValueError, match="pick one"):
+        Guard([_two_questions("answers.a > 0.5")], engine=ScriptedDecisionModel(), lazy=True, every_question=True)
 
 
 def test_a_rule_that_reads_the_answers_map_as_a_whole_asks_every_question_at_once() -> None:

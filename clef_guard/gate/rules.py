@@ -19,8 +19,10 @@ from clef_guard.policy.load import EMPTY_FLOW, CompiledRule, Policy
 
 PATTERN_TIMEOUT_S = 0.25
 """Longest a label pattern may search one result (a pathological pattern fails closed)."""
-CORNER_LIMIT = 64
-"""Most corners of the answers :func:`relevant_questions` tries; a policy with more asks every question."""
+FORECAST_BUDGET = 256
+"""Most rule evaluations :func:`relevant_questions` spends on a call (the shipped policies take at most 49);
+past it the policy asks every question, so that a policy of many questions and rules costs no more
+to forecast than a few milliseconds."""
 
 
 def evaluate_rules(
@@ -119,29 +121,34 @@ def relevant_questions(
     and 1, each score at its lowest and highest level, each choice at each of its labels): left
     out when, at every corner, the rules evaluate without it whenever they do with it. This is a
     forecast, not what decides: an answer a rule turns out to need is asked in another round
-    (:func:`next_questions`), so the verdict is the one all the answers give. A policy with more
-    than :data:`CORNER_LIMIT` corners, or a rule that reads the answers map as a whole, keeps
-    every question.
+    (:func:`next_questions`), so the verdict is the one all the answers give. A forecast that
+    would take more than :data:`FORECAST_BUDGET` rule evaluations, or a rule that reads the
+    answers map as a whole, keeps every question.
     """
     qids = tuple(policy.questions)
     if not qids or any(rule.reads is None for rule in policy.rules) or any(label.reads_answers for label in policy.labels):
         return qids
     parsed = parse_questions(policy.questions)
     choices = [[cel_value(build_answer(q, [float(i == k) for i in range(len(q.options))])) for k in _corner_options(q)] for q in parsed]
-    if math.prod(len(values) for values in choices) > CORNER_LIMIT:
+    if math.prod(len(values) for values in choices) > FORECAST_BUDGET:
         return qids
     base = cel_variables(policy, {}, call, context, flow)
     settled = {i: _outcome(rule, base) for i, rule in enumerate(policy.rules) if not rule.reads}  # the same at every corner
     needed: set[str] = set()
+    spent = len(settled)
     for corner in itertools.product(*choices):
         answers = dict(zip(qids, corner, strict=True))
         for i, rule in enumerate(policy.rules):  # the rules as they run with every answer, up to the one that decides
             for qid in [qid for qid in rule.reads or () if qid not in needed]:  # does the rule evaluate without it?
+                spent += 1
                 if _outcome(rule, {**base, "answers": {k: v for k, v in answers.items() if k != qid}}) is None:
                     needed.add(qid)
+            spent += i not in settled
             outcome = settled[i] if i in settled else _outcome(rule, {**base, "answers": answers})
             if outcome is not False:  # it holds, or fails with every answer (not for want of any one)
                 break
+        if spent > FORECAST_BUDGET:
+            return qids
     return tuple(qid for qid in qids if qid in needed)
 
 
