@@ -24,15 +24,16 @@
 - agent_loop: an agent's 12 turns through a ``Guard`` with the shipped destructive-actions
   and outbound-communication policies, on a realistic state (a system prompt with the tools'
   docstrings, a request, every call and its result). Per gate after the first turn: p50/p95
-  latency and tokens read (``input_tokens - cached_tokens``), with the prefix cache off, on,
-  on with ``Guard.read_ahead`` (what the integrations call when tool results arrive,
+  and mean latency and tokens read (``input_tokens - cached_tokens``), with the prefix cache
+  off, on, on with ``Guard.read_ahead`` (what the integrations call when tool results arrive,
   run here to completion before the next step, as it would while the agent's model writes),
   all asking at once the questions the call's facts leave a rule a use for (what a ``Guard``
   does by default); ``every_question``: read-ahead asking every question of a policy
   (``Guard(every_question=True)``, what a ``Guard`` did before; ``agent_relevant_speedup`` is
-  its p50 over the default's); ``lazy``: read-ahead with lazy questions (a policy's questions
-  asked as its rules need them, ``Guard(lazy=True)``); and ``one_reading``: read-ahead with
-  one reading of each view (``Policy.without_trusted_reading``).
+  its mean over the default's: the gates the call's facts lighten are below the median);
+  ``lazy``: read-ahead with lazy questions (a policy's questions asked as its rules need them,
+  ``Guard(lazy=True)``); and ``one_reading``: read-ahead with one reading of each view
+  (``Policy.without_trusted_reading``).
 - bfloat16: the same backbone in bf16 beside float32, a gate on a 512-token state, and how
   far its answers move: from float32's, and between a cached and an uncached read of one
   state (a reduced-precision backbone's answers depend on how its tokens were grouped).
@@ -198,9 +199,11 @@ def agent_loop_figures(repeats: int) -> dict[str, Any]:
             later += gates[1:]
         results[f"agent_{mode}_first_ms"] = 1000 * statistics.median(first)
         results[f"agent_{mode}_p50_ms"], results[f"agent_{mode}_p95_ms"] = p50_p95_ms(seconds for seconds, _ in later)
+        results[f"agent_{mode}_mean_ms"] = 1000 * statistics.mean(seconds for seconds, _ in later)
         results[f"agent_{mode}_tokens_per_gate"] = statistics.mean(tokens for _, tokens in later)
     results["agent_read_ahead_speedup"] = results["agent_no_cache_p50_ms"] / results["agent_read_ahead_p50_ms"]
-    results["agent_relevant_speedup"] = results["agent_every_question_p50_ms"] / results["agent_read_ahead_p50_ms"]
+    # means: the calls the facts settle (deletes) are the loop's lighter gates, below its median
+    results["agent_relevant_speedup"] = results["agent_every_question_mean_ms"] / results["agent_read_ahead_mean_ms"]
     results["agent_lazy_cost"] = results["agent_lazy_p50_ms"] / results["agent_read_ahead_p50_ms"]
     results["agent_trusted_reading_cost"] = results["agent_read_ahead_p50_ms"] / results["agent_one_reading_p50_ms"]
     return results
