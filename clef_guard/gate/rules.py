@@ -57,12 +57,24 @@ def evaluate_rules(
 def first_deciding(policy: Policy, variables: Mapping[str, Any]) -> tuple[int, Exception | None]:
     """The index of the first rule that holds or fails (with its failure), or ``len(policy.rules)``."""
     for index, rule in enumerate(policy.rules):
-        try:
-            if rule.program.execute(variables) is True:
-                return index, None
-        except Exception as exc:  # reported by the caller
-            return index, exc
+        outcome = _holds(rule, variables)
+        if outcome is not False:  # holds, or fails: reported by the caller
+            return index, None if outcome is True else outcome
     return len(policy.rules), None
+
+
+def _holds(rule: CompiledRule, variables: Mapping[str, Any]) -> bool | Exception:
+    """Whether ``rule`` holds on ``variables``, or why it cannot be evaluated."""
+    try:
+        return rule.program.execute(variables) is True
+    except Exception as exc:
+        return exc
+
+
+def _reads_whole_map(policy: Policy) -> bool:
+    """Whether a rule or label rule of ``policy`` reads the answers map as a whole (``has(answers.x)``,
+    ``answers.size()``): then an unasked answer cannot be told from an absent one, so every question is asked."""
+    return any(rule.reads is None for rule in policy.rules) or any(label.reads_answers for label in policy.labels)
 
 
 def next_questions(
@@ -92,9 +104,9 @@ def next_questions(
     unasked = [qid for qid in policy.questions if qid not in answers]
     if not unasked or any(answer_problem(answer) for answer in answers.values()):
         return ()
-    reads = [rule.reads for rule in policy.rules]
-    if any(read is None for read in reads) or any(label.reads_answers for label in policy.labels):
+    if _reads_whole_map(policy):
         return tuple(unasked)
+    reads = [rule.reads for rule in policy.rules]
     index, failure = first_deciding(policy, cel_variables(policy, answers, call, context, flow))
     if failure is None:  # a rule holds, or none does: decided
         return ()
@@ -126,14 +138,14 @@ def relevant_questions(
     answers map as a whole, keeps every question.
     """
     qids = tuple(policy.questions)
-    if not qids or any(rule.reads is None for rule in policy.rules) or any(label.reads_answers for label in policy.labels):
+    if not qids or _reads_whole_map(policy):
         return qids
     parsed = parse_questions(policy.questions)
     choices = [[cel_value(build_answer(q, [float(i == k) for i in range(len(q.options))])) for k in _corner_options(q)] for q in parsed]
     if math.prod(len(values) for values in choices) > FORECAST_BUDGET:
         return qids
     base = cel_variables(policy, {}, call, context, flow)
-    settled = {i: _outcome(rule, base) for i, rule in enumerate(policy.rules) if not rule.reads}  # the same at every corner
+    settled = {i: _holds(rule, base) for i, rule in enumerate(policy.rules) if not rule.reads}  # the same at every corner
     needed: set[str] = set()
     spent = len(settled)
     for corner in itertools.product(*choices):
@@ -141,23 +153,15 @@ def relevant_questions(
         for i, rule in enumerate(policy.rules):  # the rules as they run with every answer, up to the one that decides
             for qid in [qid for qid in rule.reads or () if qid not in needed]:  # does the rule evaluate without it?
                 spent += 1
-                if _outcome(rule, {**base, "answers": {k: v for k, v in answers.items() if k != qid}}) is None:
+                if isinstance(_holds(rule, {**base, "answers": {k: v for k, v in answers.items() if k != qid}}), Exception):
                     needed.add(qid)
             spent += i not in settled
-            outcome = settled[i] if i in settled else _outcome(rule, {**base, "answers": answers})
+            outcome = settled[i] if i in settled else _holds(rule, {**base, "answers": answers})
             if outcome is not False:  # it holds, or fails with every answer (not for want of any one)
                 break
         if spent > FORECAST_BUDGET:
             return qids
     return tuple(qid for qid in qids if qid in needed)
-
-
-def _outcome(rule: CompiledRule, variables: Mapping[str, Any]) -> bool | None:
-    """Whether ``rule`` holds on ``variables``; ``None`` when it cannot be evaluated."""
-    try:
-        return rule.program.execute(variables) is True
-    except Exception:
-        return None
 
 
 def _corner_options(question: ParsedQuestion) -> range | tuple[int, ...]:
@@ -206,11 +210,9 @@ def rule_trace(
     """Every rule's outcome (``True``, ``False`` or an error text), for explanations."""
     variables = cel_variables(policy, answers, call, context, flow)
     trace: list[tuple[str, bool | str]] = []
-    for rule in policy.rules:
-        try:
-            trace.append((rule.id, rule.program.execute(variables) is True))
-        except Exception as exc:  # reported, not raised: this is a diagnostic view
-            trace.append((rule.id, f"error: {exc}"))
+    for rule in policy.rules:  # a failure is reported, not raised: this is a diagnostic view
+        outcome = _holds(rule, variables)
+        trace.append((rule.id, f"error: {outcome}" if isinstance(outcome, Exception) else outcome))
     return trace
 
 
