@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 from test_training import ANIMALS, OBJECTS, QUESTION, _toy
 
 from clef_guard import DecisionHead, LocalDecisionModel
@@ -16,6 +17,8 @@ from clef_guard.engine.head import HEAD_FILE
 from clef_guard.engine.local import DEFAULT_HEAD
 from clef_guard.engine.requests import parse_questions
 from clef_guard.engine.tree import OptionFeatures
+from clef_guard.policy.load import load_policies
+from clef_guard.training.examples import Example
 from clef_guard.training.features import Features, extract_features
 from clef_guard.training.fit import predict
 from clef_guard.training.readout import MIN_READOUT_ROWS, fit_readouts, held_out
@@ -124,9 +127,8 @@ def test_the_engine_serves_a_readout_from_the_head_file_and_calls_its_question_f
     assert response.familiarity == {"animal": 1.0}
 
 
-def test_a_warm_start_from_a_review_log_fits_readouts_and_calibrate_reads_their_rows_out_of_fold(
-    engine: LocalDecisionModel, tmp_path: Path
-) -> None:
+def _review_log(engine: LocalDecisionModel, tmp_path: Path) -> tuple[list[Example], list[Features], Path]:
+    """A review log of the animal question's toy rows (24 answers, with the features the engine read), its rows and features."""
     rows = _toy(ANIMALS, "yes", 0) + _toy(OBJECTS, "no", 0)
     features = extract_features(engine, rows, cache=tmp_path / "cache")
     (question,) = parse_questions({"animal": QUESTION})
@@ -138,6 +140,14 @@ def test_a_warm_start_from_a_review_log_fits_readouts_and_calibrate_reads_their_
                 "id": f"r{n}", "questions": {"animal": QUESTION.model_dump(mode="json")}, "labels": {"animal": row.label},
                 "features": {"backbone": engine.feature_key, "questions": {"animal": record}},
             }) + "\n")
+    return rows, features, log
+
+
+def test_a_warm_start_from_a_review_log_fits_readouts_and_calibrate_reads_their_rows_out_of_fold(
+    engine: LocalDecisionModel, tmp_path: Path
+) -> None:
+    rows, features, log = _review_log(engine, tmp_path)
+    (question,) = parse_questions({"animal": QUESTION})
     out = tmp_path / "head"
     assert main(["train", "--data", str(log), "--init-head", "default", "--out", str(out), "--epochs", "2", "--json",
                  "--features", str(tmp_path / "cache")]) == 0
@@ -154,3 +164,32 @@ def test_a_warm_start_from_a_review_log_fits_readouts_and_calibrate_reads_their_
                  "--plot", str(tmp_path / "r.png"), "--json", "--features", str(tmp_path / "cache")]) == 0
     reported = yaml.safe_load(calibration.read_text())["report"]["after"]["accuracy"]
     assert reported == pytest.approx(_accuracy(held_out(trained, features, predict(trained, features)), features))
+
+
+def test_fit_readouts_adds_readouts_to_a_head_and_changes_nothing_else(
+    engine: LocalDecisionModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows, _, log = _review_log(engine, tmp_path)
+    (question,) = parse_questions({"animal": QUESTION})
+    out = tmp_path / "head"
+    common = ["--data", str(log), "--json", "--features", str(tmp_path / "cache")]
+    assert main(["fit-readouts", *common, "--out", str(out)]) == 0
+    (fit,) = json.loads((out / "readouts_report.json").read_text())["readouts"]
+    assert fit["key"] == question.key and fit["rows"] == len(rows) and fit["replayed"] == 0
+    fitted = DecisionHead.load(out / HEAD_FILE, engine.backbone.hidden_size)
+    assert (fitted.readout(question.key) is not None) == fit["adopted"]
+    written = load_file(out / HEAD_FILE)
+    assert all(torch.equal(written[name], value) for name, value in load_file(DEFAULT_HEAD).items())  # its readouts too
+    capsys.readouterr()
+
+    assert main(["fit-readouts", *common, "--out", str(out), "--question", "destructive-actions:nope"]) == 2
+    assert "write POLICY:QUESTION naming a question of the policy" in " ".join(capsys.readouterr().err.split())
+    assert main(["fit-readouts", *common, "--out", str(out), "--question", "destructive-actions:requested"]) == 2
+    assert "destructive-actions:requested: no row asks it" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_shipped_head_reads_the_destructive_policys_requested_and_scope_by_readouts_keyed_as_the_policy_asks_them() -> None:
+    head = DecisionHead.load(DEFAULT_HEAD, 576)
+    (policy,) = load_policies("destructive-actions")
+    asked = {parse_questions({"q": policy.questions[qid]})[0].key for qid in ("requested", "scope")}
+    assert {name.removeprefix("q") for name in head.readouts} == asked  # a reworded question would lose its readout

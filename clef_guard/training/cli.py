@@ -1,8 +1,9 @@
-"""The ``train``, ``calibrate``, ``eval``, ``train-screen`` and ``suggest-examples`` commands (progress bars, tables, ``--json``)."""
+"""The ``train``, ``calibrate``, ``fit-readouts``, ``eval``, ``train-screen`` and ``suggest-examples`` commands (progress bars, tables, ``--json``)."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from collections.abc import Iterator
@@ -59,7 +60,7 @@ from clef_guard.training.suggest import PER_OPTION, suggest_examples, suggestion
 
 
 def add_commands(commands: Any) -> None:
-    """Add ``train``, ``calibrate``, ``eval`` and ``train-screen`` to the ``clef-guard`` subcommands."""
+    """Add ``train``, ``calibrate``, ``fit-readouts``, ``eval``, ``train-screen`` and ``suggest-examples`` to the ``clef-guard`` subcommands."""
     engine = argparse.ArgumentParser(add_help=False)
     engine.add_argument("--model", default=None, help="backbone (default: the embedded model)")
     engine.add_argument("--adapter", default=None, help="peft adapter folder")
@@ -158,6 +159,21 @@ def add_commands(commands: Any) -> None:
         help="fit a threshold at which a yes lets a call through (a 'requested' question): the lowest P(yes) whose "
         "'no' rows it lets through (unsafe allows) stay under TARGET with --confidence",
     )
+    readouts = commands.add_parser(
+        "fit-readouts", parents=[engine, reading], help="give a head's questions readouts of their own, fitted on labeled rows"
+    )
+    readouts.add_argument("--head", default="default", help="the head to add readouts to ('default': the shipped one)")
+    readouts.add_argument(
+        "--task", action="append", default=[],
+        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options, NAME@N takes N rows",
+    )
+    readouts.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
+    readouts.add_argument("--split", default="train")
+    readouts.add_argument(
+        "--question", action="append", default=[], metavar="POLICY:QUESTION",
+        help=f"fit only this policy question's readout (repeat; default: every question the rows ask {MIN_READOUT_ROWS} times or more)",
+    )
+    readouts.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
     screen = commands.add_parser("train-screen", help="train the prompt-injection screen (LoRA on the sentence encoder, per line)")
     screen.add_argument("--out", type=Path, required=True, help="screen file to write (.safetensors)")
     screen.add_argument("--epochs", type=int, default=ScreenConfig.epochs)
@@ -481,11 +497,7 @@ def _yes_threshold(
         target_error = float(target) if target else args.target_error
     except ValueError:
         raise ClefGuardError(f"{flag} {spec!r}: the target after '@' must be a number") from None
-    (policy,) = load_policies(policy_name) if policy_name else (None,)
-    question = policy.questions.get(qid or name) if policy and name else None
-    if question is None or question.type != "noul":
-        raise ClefGuardError(f"{flag} {spec!r}: write POLICY:NAME[=QUESTION][@TARGET] naming a yes/no question of the policy")
-    key = parse_questions({"q": question})[0].key
+    key = _question_key(flag, spec, policy_name, qid or name, "POLICY:NAME[=QUESTION][@TARGET]", kind="noul")
     rows = [(float(p[1]), f.label == 1) for p, f in zip(probabilities, features, strict=True) if f.question == key]
     if not rows:
         raise ClefGuardError(f"{flag} {spec!r}: no example asks {policy_name}'s question {qid or name!r}")
@@ -497,6 +509,52 @@ def _yes_threshold(
             "calibrate on more rows or a better head"
         )
     return policy_name, name, chosen
+
+
+def _question_key(flag: str, spec: str, policy_name: str, qid: str, form: str, *, kind: str | None = None) -> str:
+    """The key of the question ``qid`` of the policy ``policy_name`` (a file or a built-in name), which must be
+    of ``kind`` when one is given; a :class:`ClefGuardError` quoting ``flag`` and ``spec`` (written as ``form``) otherwise."""
+    (policy,) = load_policies(policy_name) if policy_name else (None,)
+    question = policy.questions.get(qid) if policy and qid else None
+    if question is None or (kind is not None and question.type != kind):
+        what = "a yes/no question" if kind == "noul" else "a question"
+        raise ClefGuardError(f"{flag} {spec!r}: write {form} naming {what} of the policy")
+    return parse_questions({"q": question})[0].key
+
+
+def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
+    started = time.perf_counter()
+    wanted = {
+        _question_key("--question", spec, spec.partition(":")[0], spec.partition(":")[2], "POLICY:QUESTION"): spec
+        for spec in args.question
+    }
+    path = DEFAULT_HEAD if args.head == "default" else Path(args.head)
+    engine = _engine(args, str(path))  # reads at the head's depth
+    judge = DecisionHead.load(path, engine.backbone.hidden_size)
+    labeled = _labeled(args, engine, console, "reading examples with the backbone")
+    features = [f for f in labeled.features if not wanted or f.question in wanted]
+    if absent := [spec for key, spec in wanted.items() if not any(f.question == key for f in features)]:
+        raise ClefGuardError(f"--question {', '.join(absent)}: no row asks it")
+    head = copy.deepcopy(judge)
+    fits = fit_readouts(head, features, judge=judge)
+    names = dict(wanted) | {
+        f.question: question_text(q) for q, f in zip(labeled.questions, labeled.features, strict=True) if f.question not in wanted
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    head.save(args.out / HEAD_FILE)
+    report = {
+        "head": str(path),
+        "tasks": args.task,
+        "data": [str(d) for d in args.data],
+        "split": args.split,
+        "n": len(features),
+        "readouts": [asdict(fit) | {"key": fit.question, "question": names.get(fit.question, fit.question)} for fit in fits],
+        "seconds": round(time.perf_counter() - started, 1),
+        "out": str(args.out / HEAD_FILE),
+    }
+    (args.out / "readouts_report.json").write_text(json.dumps(report, indent=2))
+    _print(report, args.json, console, "readouts")
+    return 0
 
 
 def _question_temperatures(questions: list[Question], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:
@@ -638,6 +696,9 @@ def _unlabeled(path: Path) -> list[str]:
     return texts
 
 
-_RUNS = {"train": _train, "calibrate": _calibrate, "eval": _eval, "train-screen": _train_screen, "suggest-examples": _suggest}
+_RUNS = {
+    "train": _train, "calibrate": _calibrate, "fit-readouts": _fit_readouts, "eval": _eval, "train-screen": _train_screen,
+    "suggest-examples": _suggest,
+}
 COMMANDS = tuple(_RUNS)
 """The commands this module adds and runs."""
