@@ -78,13 +78,14 @@ def add_commands(commands: Any) -> None:
         help="ask choice questions with at most K options (the answer and K-1 drawn at random): cheaper, "
         "and teaches the head label sets it has not seen",
     )
-    train = commands.add_parser("train", parents=[engine, reading], help="train a decision head")
-    train.add_argument(
+    rows = argparse.ArgumentParser(add_help=False)  # the labeled rows train and fit-readouts learn from
+    rows.add_argument(
         "--task", action="append", default=[],
         help="a task from the shared datasets (repeat); NAME:K asks its choices with K options, NAME@N takes N rows",
     )
-    train.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
-    train.add_argument("--split", default="train")
+    rows.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
+    rows.add_argument("--split", default="train")
+    train = commands.add_parser("train", parents=[engine, reading, rows], help="train a decision head")
     train.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
     train.add_argument(
         "--init-head", default=None, metavar="FILE",
@@ -160,15 +161,9 @@ def add_commands(commands: Any) -> None:
         "'no' rows it lets through (unsafe allows) stay under TARGET with --confidence",
     )
     readouts = commands.add_parser(
-        "fit-readouts", parents=[engine, reading], help="give a head's questions readouts of their own, fitted on labeled rows"
+        "fit-readouts", parents=[engine, reading, rows], help="give a head's questions readouts of their own, fitted on labeled rows"
     )
     readouts.add_argument("--head", default="default", help="the head to add readouts to ('default': the shipped one)")
-    readouts.add_argument(
-        "--task", action="append", default=[],
-        help="a task from the shared datasets (repeat); NAME:K asks its choices with K options, NAME@N takes N rows",
-    )
-    readouts.add_argument("--data", type=Path, action="append", default=[], help="JSONL of {state, questions, labels}")
-    readouts.add_argument("--split", default="train")
     readouts.add_argument(
         "--question", action="append", default=[], metavar="POLICY:QUESTION",
         help=f"fit only this policy question's readout (repeat; default: every question the rows ask {MIN_READOUT_ROWS} times or more)",
@@ -533,13 +528,11 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
     judge = DecisionHead.load(path, engine.backbone.hidden_size)
     labeled = _labeled(args, engine, console, "reading examples with the backbone")
     features = [f for f in labeled.features if not wanted or f.question in wanted]
-    if absent := [spec for key, spec in wanted.items() if not any(f.question == key for f in features)]:
+    asked = {f.question: q for q, f in zip(labeled.questions, labeled.features, strict=True)}
+    if absent := [spec for key, spec in wanted.items() if key not in asked]:
         raise ClefGuardError(f"--question {', '.join(absent)}: no row asks it")
     head = copy.deepcopy(judge)
     fits = fit_readouts(head, features, judge=judge)
-    names = dict(wanted) | {
-        f.question: question_text(q) for q, f in zip(labeled.questions, labeled.features, strict=True) if f.question not in wanted
-    }
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
     report = {
@@ -548,7 +541,9 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
         "data": [str(d) for d in args.data],
         "split": args.split,
         "n": len(features),
-        "readouts": [asdict(fit) | {"key": fit.question, "question": names.get(fit.question, fit.question)} for fit in fits],
+        "readouts": [
+            asdict(fit) | {"key": fit.question, "question": wanted.get(fit.question) or question_text(asked[fit.question])} for fit in fits
+        ],
         "seconds": round(time.perf_counter() - started, 1),
         "out": str(args.out / HEAD_FILE),
     }
