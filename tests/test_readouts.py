@@ -87,6 +87,32 @@ def test_a_readout_learns_the_old_rows_of_its_question_beside_the_new_ones() -> 
     assert _accuracy(predict(alone, fresh_old), fresh_old) <= 0.6  # 0.42
 
 
+def test_a_fit_reports_how_its_readout_reads_tools_it_was_not_fitted_on() -> None:
+    """Each of four tools' rows is decided by a feature of its own (a template the readout can fit but that
+    says nothing about another tool); the head is mildly right everywhere. Out of fold by row the readout
+    beats the head and is adopted; with each tool held out it reads worse than the head, and the fit says so."""
+    generator = torch.Generator().manual_seed(0)
+    rows, tools = [], []
+    for n in range(160):
+        tool = n % 4
+        hidden = torch.randn(2, WIDTH, generator=generator)
+        hidden[:, 3:7] = 0.0  # a tool's own feature is set on its rows only
+        hidden[1, 3 + tool] = value = torch.randn(1, generator=generator).item()
+        label = int(value > 0)
+        said = torch.tensor([0.0, 0.8]) if label else torch.tensor([0.8, 0.0])
+        rows.append(Features("noul", hidden, said, label, question="q"))
+        tools.append(f"tool_{tool}")
+    (plain,) = fit_readouts(DecisionHead(WIDTH), rows)
+    head = DecisionHead(WIDTH)
+    (fit,) = fit_readouts(head, rows, tools=tools)
+    assert fit.adopted and fit.log_loss < fit.head_log_loss - 0.1 and head.readout("q") is not None
+    assert fit.tools == 4 and fit.unseen_log_loss is not None and fit.unseen_log_loss > fit.head_log_loss + 0.2
+    assert (plain.tools, plain.unseen_log_loss) == (0, None)
+    assert (plain.strength, plain.temperature, plain.log_loss) == (fit.strength, fit.temperature, fit.log_loss)  # nothing else moves
+    (one,) = fit_readouts(DecisionHead(WIDTH), rows, tools=["tool_0"] * len(rows))
+    assert (one.tools, one.unseen_log_loss) == (1, None)
+
+
 def test_thresholds_read_the_rows_a_readout_learned_from_as_it_read_them_out_of_fold() -> None:
     head = DecisionHead(WIDTH)
     learned, fresh = _rows(60, "new", seed=0, head_right=False), _rows(40, "new", seed=1, head_right=False)

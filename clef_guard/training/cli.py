@@ -224,6 +224,11 @@ class _Labeled:
     examples: list[Example]
     """The rows read with the backbone here (the others came with their features, from a review log)."""
 
+    def tools(self) -> list[str | None]:
+        """The tool each row's proposed call names, ``None`` where its state names none (and for review rows)."""
+        named = [e.state.get("tool") if isinstance(e.state, dict) else None for e in self.examples]
+        return [t.get("name") if isinstance(t, dict) else None for t in named] + [None] * (len(self.features) - len(self.examples))
+
 
 def _examples(args: argparse.Namespace, feature_key: str | None = None) -> tuple[list[Example], list[tuple[Question, Features]]]:
     """The rows of ``--task`` and ``--data``: examples to read, and review rows whose features ``feature_key`` read already."""
@@ -344,7 +349,9 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         )
     head.questions = trained_questions(labeled.questions, init)
     head.layers = engine.backbone.cut_at
-    readouts = fit_readouts(head, labeled.features, judge=init, replayed=replayed) if init is not None and args.readouts else []
+    readouts = (
+        fit_readouts(head, labeled.features, judge=init, replayed=replayed, tools=labeled.tools()) if init is not None and args.readouts else []
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
     kept = save_replay(features, replay_path(args.out / HEAD_FILE))
@@ -527,12 +534,13 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
     engine = _engine(args, str(path))  # reads at the head's depth
     judge = DecisionHead.load(path, engine.backbone.hidden_size)
     labeled = _labeled(args, engine, console, "reading examples with the backbone")
-    features = [f for f in labeled.features if not wanted or f.question in wanted]
+    kept = [(f, t) for f, t in zip(labeled.features, labeled.tools(), strict=True) if not wanted or f.question in wanted]
+    features, tools = [f for f, _ in kept], [t for _, t in kept]
     asked = {f.question: q for q, f in zip(labeled.questions, labeled.features, strict=True)}
     if absent := [spec for key, spec in wanted.items() if key not in asked]:
         raise ClefGuardError(f"--question {', '.join(absent)}: no row asks it")
     head = copy.deepcopy(judge)
-    fits = fit_readouts(head, features, judge=judge)
+    fits = fit_readouts(head, features, judge=judge, tools=tools)
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
     report = {
@@ -548,8 +556,32 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
         "out": str(args.out / HEAD_FILE),
     }
     (args.out / "readouts_report.json").write_text(json.dumps(report, indent=2))
-    _print(report, args.json, console, "readouts")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _readouts_table(report, console)
     return 0
+
+
+def _readouts_table(report: dict[str, Any], console: Console) -> None:
+    """One row a question: what its readout was fitted on, its log-losses against the head's, and whether it was adopted."""
+    table = Table(title=f"readouts fitted on {report['n']} rows, written to {report['out']} ({report['seconds']} s)")
+    for column in ("question", "answers", "tools", "L2", "temperature", "log-loss, rows held out", "tools held out", "head's", "adopted"):
+        table.add_column(column, justify="left" if column == "question" else "right")
+    worse = []
+    for fit in report["readouts"]:
+        unseen = fit["unseen_log_loss"]
+        if fit["adopted"] and unseen is not None and unseen > fit["head_log_loss"]:
+            worse.append(fit["question"])
+        table.add_row(
+            fit["question"], str(fit["rows"]), str(fit["tools"]), f"{fit['strength']:g}", f"{fit['temperature']:.2f}",
+            f"{fit['log_loss']:.3f}", "-" if unseen is None else f"{unseen:.3f}", f"{fit['head_log_loss']:.3f}",
+            "yes" if fit["adopted"] else "no",
+        )
+    console.print(table)
+    for question in worse:
+        console.print(f"[yellow]{question}: adopted, but with each tool held out it reads worse than the head: "
+                      "check it at the gate on tools of your own before you ship it[/yellow]")
 
 
 def _question_temperatures(questions: list[Question], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:

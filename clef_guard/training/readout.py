@@ -10,6 +10,13 @@ folded into its weights, and it is adopted only where its out-of-fold log-loss b
 starting head's own on the same rows (the old ones that head may have trained on: a bar set
 high); where it does not, the question reads the head again. Other questions keep reading
 the head, untouched.
+
+Where rows name the tool their call uses, the fit also reports the readout's log-loss with
+each tool's rows held out together: how it reads tools it was not fitted on, which is what a
+user's own tools are. Folds by row judge it on near copies of its training rows; on the
+generated policy rows, the readouts that read worse than the head on unseen tools were the
+ones that let more unasked calls through at the gate (docs/results.md), so the figure is
+reported beside each fit rather than left to the row folds alone.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class ReadoutFit:
     """New answers it was fitted on."""
     replayed: int
     """Old rows of the question it was fitted on beside them."""
+    tools: int
+    """Tools its answers' calls name (held out one group at a time for :attr:`unseen_log_loss`)."""
     strength: float
     temperature: float
     log_loss: float
@@ -52,10 +61,18 @@ class ReadoutFit:
     head_log_loss: float
     """The starting head's log-loss on the same rows (the old ones it may have trained on)."""
     adopted: bool
+    unseen_log_loss: float | None = None
+    """Out-of-fold log-loss at the same strength and temperature with each tool's rows held out
+    together (folds of whole tools); ``None`` where the answers name fewer than two tools."""
 
 
 def fit_readouts(
-    head: DecisionHead, answers: Sequence[Features], *, judge: DecisionHead | None = None, replayed: Sequence[Features] = ()
+    head: DecisionHead,
+    answers: Sequence[Features],
+    *,
+    judge: DecisionHead | None = None,
+    replayed: Sequence[Features] = (),
+    tools: Sequence[str | None] | None = None,
 ) -> list[ReadoutFit]:
     """Fit a readout for each question of at most :data:`MAX_READOUT_OPTIONS` options that ``answers``
     ask :data:`MIN_READOUT_ROWS` times or more (two options among them at least), on those answers
@@ -63,17 +80,25 @@ def fit_readouts(
     all as the answers, so that what the head read well stays read. Set it on ``head`` where it
     beats ``judge``'s own logits (the head the answers are new to; ``head`` itself by default) out
     of fold, else drop the readout it had; readouts of questions ``answers`` does not ask are
-    kept. Features are standardized as ``head`` reads them."""
+    kept. Features are standardized as ``head`` reads them.
+
+    ``tools`` (one per answer: the tool its call names, ``None`` where unknown) adds each fit's
+    :attr:`~ReadoutFit.unseen_log_loss`; it changes nothing that is fitted or adopted."""
     judge = judge if judge is not None else head
+    if tools is not None and len(tools) != len(answers):
+        raise ValueError(f"{len(tools)} tools for {len(answers)} answers")
     by_question: dict[str, list[Features]] = {}
-    for item in answers:
+    tool_of: dict[str, list[str | None]] = {}
+    for item, tool in zip(answers, tools if tools is not None else [None] * len(answers), strict=True):
         if item.reading != "wide" and item.question is not None:
             by_question.setdefault(item.question, []).append(item)
+            tool_of.setdefault(item.question, []).append(tool)
     by_question = {key: rows for key, rows in by_question.items() if len(rows) >= MIN_READOUT_ROWS}
     new = {key: len(rows) for key, rows in by_question.items()}
     for item in replayed:
         if item.question in by_question and item.reading != "wide":
             by_question[item.question].append(item)
+            tool_of[item.question].append(None)
     fits = []
     for key, rows in sorted(by_question.items()):
         if len({r.label for r in rows}) < 2 or len({len(r.hidden) for r in rows}) > 1 or len(rows[0].hidden) > MAX_READOUT_OPTIONS:
@@ -84,9 +109,13 @@ def fit_readouts(
         old = len(rows) - new[key]  # the old rows weigh as much in all as the new ones
         weights = torch.tensor([1.0] * new[key] + [new[key] / old if old else 1.0] * old)
         baseline = torch.stack(predict(judge, rows, readouts=False)).float().cpu()
-        strength, out_of_fold = _cross_validate(x, labels, weights)
+        strength, out_of_fold = _cross_validate(x, labels, weights, _row_folds(len(rows)))
         temperature = fit_temperature(list(out_of_fold), labels.tolist())
         log_loss = _log_loss(out_of_fold / temperature, labels, weights).item()
+        unseen = None
+        if by_tool := _tool_folds(tool_of[key]):
+            _, held_tools = _cross_validate(x, labels, weights, by_tool, strengths=(strength,))
+            unseen = _log_loss(held_tools / temperature, labels, weights).item()
         head_log_loss = _log_loss(baseline.clamp_min(1e-12).log(), labels, weights).item()
         adopted = log_loss < head_log_loss
         if adopted:
@@ -94,7 +123,8 @@ def fit_readouts(
             seen = torch.tensor([fingerprint(r.hidden) for r in rows], dtype=torch.int64)
             readout = Readout(weight / temperature, bias / temperature, seen, torch.softmax(out_of_fold / temperature, dim=-1))
         head.set_readout(key, readout if adopted else None)
-        fits.append(ReadoutFit(key, new[key], old, strength, temperature, log_loss, head_log_loss, adopted))
+        named = len({t for t in tool_of[key] if t is not None})
+        fits.append(ReadoutFit(key, new[key], old, named, strength, temperature, log_loss, head_log_loss, adopted, unseen))
     return fits
 
 
@@ -144,14 +174,39 @@ def _log_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor)
     return (torch.nn.functional.cross_entropy(logits, labels, reduction="none") * weights).sum() / weights.sum()
 
 
-def _cross_validate(x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """The strength of :data:`STRENGTHS` with the lowest out-of-fold log-loss, and its out-of-fold logits."""
-    order = list(range(len(labels)))
+def _row_folds(rows: int) -> list[list[int]]:
+    """Row indices of :data:`FOLDS` folds, shuffled with a fixed seed."""
+    order = list(range(rows))
     random.Random(0).shuffle(order)
-    folds = [order[k::FOLDS] for k in range(FOLDS)]
+    return [order[k::FOLDS] for k in range(FOLDS)]
+
+
+def _tool_folds(tools: Sequence[str | None]) -> list[list[int]] | None:
+    """Row indices of folds that each hold whole tools (the largest first, each into the fold with fewest
+    rows so far; at most :data:`FOLDS` folds), rows of no tool spread across them; ``None`` where fewer
+    than two tools are named."""
+    named: dict[str, list[int]] = {}
+    loose = []
+    for index, tool in enumerate(tools):
+        (named.setdefault(tool, []) if tool is not None else loose).append(index)
+    if len(named) < 2:
+        return None
+    folds: list[list[int]] = [[] for _ in range(min(FOLDS, len(named)))]
+    for tool in sorted(named, key=lambda t: (-len(named[t]), t)):
+        min(folds, key=len).extend(named[tool])
+    for k, index in enumerate(loose):
+        folds[k % len(folds)].append(index)
+    return folds
+
+
+def _cross_validate(
+    x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, folds: list[list[int]], strengths: Sequence[float] = STRENGTHS
+) -> tuple[float, torch.Tensor]:
+    """The strength of ``strengths`` with the lowest out-of-fold log-loss over ``folds``, and its out-of-fold logits."""
+    order = range(len(labels))
     best: tuple[float, float, torch.Tensor] | None = None
-    solved: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * FOLDS
-    for strength in sorted(STRENGTHS, reverse=True):  # each fold's solution starts the next, weaker strength's
+    solved: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(folds)
+    for strength in sorted(strengths, reverse=True):  # each fold's solution starts the next, weaker strength's
         out_of_fold = torch.zeros(len(labels), x.shape[1])
         for fold, held in enumerate(folds):
             kept = sorted(set(order) - set(held))
