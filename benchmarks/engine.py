@@ -34,6 +34,10 @@
   ``lazy``: read-ahead with lazy questions (a policy's questions asked as its rules need them,
   ``Guard(lazy=True)``); and ``one_reading``: read-ahead with one reading of each view
   (``Policy.without_trusted_reading``).
+- rules: the agent loop's calls that the destructive-actions policy checks, through its rules
+  alone (no engine): the forecast of which questions a call's facts leave a use for, run at every gate,
+  with the call's facts worked out once (as a ``Guard`` does) against written out inside
+  every rule that reads them (as before); ``rules_facts_once_speedup`` is the ratio.
 - bfloat16: the same backbone in bf16 beside float32, a gate on a 512-token state, and how
   far its answers move: from float32's, and between a cached and an uncached read of one
   state (a reduced-precision backbone's answers depend on how its tokens were grouped).
@@ -42,6 +46,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -63,6 +68,8 @@ from rich.table import Table
 
 from clef_guard import Guard, LocalDecisionModel, load_policies
 from clef_guard.engine.state import state_segments
+from clef_guard.gate.rules import relevant_questions
+from clef_guard.policy.load import HINTS
 from clef_guard.training.datasets import load_task, with_examples
 
 QUESTIONS: dict[str, Any] = {
@@ -413,8 +420,22 @@ def route_figures(repeats: int) -> dict[str, Any]:
     return results
 
 
+def rules_figures(repeats: int) -> dict[str, Any]:
+    """Mean milliseconds a call to forecast the destructive policy's questions, its facts worked out once or in every rule."""
+    (policy,) = load_policies("destructive-actions")
+    written_out = dataclasses.replace(policy, _fact_programs=())  # no facts to bind: each rule works them out inside
+    calls = [{"name": n, "args": a, "annotations": dict.fromkeys(HINTS), "metadata": {}, "tags": []} for n, a, _ in AGENT_TURNS]
+    calls = [call for call in calls if policy.matches(call["name"], phase="before_tool", step=None, context={}, tool=call)]
+    results: dict[str, Any] = {}
+    for name, variant in (("facts_once", policy), ("written_out", written_out)):
+        seconds = timed(lambda variant=variant: [relevant_questions(variant, call, {}) for call in calls], repeats * 5)
+        results[f"rules_forecast_{name}_ms"] = statistics.median(seconds) * 1000 / len(calls)
+    results["rules_facts_once_speedup"] = results["rules_forecast_written_out_ms"] / results["rules_forecast_facts_once_ms"]
+    return results
+
+
 SUITES: dict[str, Callable[[int], dict[str, Any]]] = {
-    "core": run, "agent": agent_loop_figures, "numerics": numerics_figures, "route": route_figures,
+    "core": run, "agent": agent_loop_figures, "numerics": numerics_figures, "route": route_figures, "rules": rules_figures,
 }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from clef_guard import PolicyError, load_policies, load_policy, parse_policy
@@ -113,6 +113,48 @@ def test_facts_are_written_once_and_read_where_a_condition_is() -> None:
     assert verdict({"env": "prod", "path": "/"}, 0.0) == "deny", "a fact naming an earlier fact decides the rule"
     assert verdict({"env": "prod", "path": "/tmp/x"}, 0.0) == "allow"
     assert verdict({"env": "prod", "path": "/tmp/x"}, 0.9) == "deny"
+
+
+_DESTRUCTIVE = load_policy(Path(__file__).parent.parent / "policies" / "destructive-actions.yaml")
+_COMMANDS = ["rm -rf /srv/cache", "git push --force origin main", "ls -la logs/", "kubectl delete ns staging", "sudo rm /etc/x", 42, None]
+_QUERIES = ["DELETE FROM orders WHERE id = 3", "DROP TABLE users", "SELECT 1", "UPDATE t SET a = 1", 7]
+
+
+@settings(max_examples=120, deadline=None)
+@example(name="shell", command=42, query="SELECT 1", args_line="status", hint=None, destructive=0.71, requested=0.0, scope=0)
+@given(
+    name=st.sampled_from(["shell", "git", "run_sql", "delete_file", "kubectl", "remove_dir", "write_file"]),
+    command=st.sampled_from(_COMMANDS), query=st.sampled_from(_QUERIES), args_line=st.sampled_from(["push --force", "status", 3]),
+    hint=st.sampled_from([None, True, False]),
+    destructive=st.sampled_from([0.0, 0.3, 0.69, 0.7, 0.71, 1.0]), requested=st.sampled_from([0.0, 0.5, 0.69, 0.7, 1.0]),
+    scope=st.integers(0, 3),
+)
+def test_rules_read_a_calls_facts_worked_out_once_as_they_read_them_written_out(
+    name: str, command: object, query: object, args_line: object, hint: bool | None, destructive: float, requested: float, scope: int
+) -> None:
+    """The shipped destructive policy's rules, reading its facts' values worked out once per call, decide
+    (or fail) on every call as they do with the facts written out inside them, including calls where a
+    fact cannot be evaluated (an argument of the wrong type): the rules then work them out as written."""
+    from clef_guard.engine.answers import build_answer
+    from clef_guard.engine.requests import parse_questions
+    from clef_guard.gate.rules import cel_variables, first_deciding
+
+    policy = _DESTRUCTIVE
+    args = {key: value for key, value in {"command": command, "query": query, "args": args_line}.items() if value is not None}
+    hints = {"destructiveHint": hint, "readOnlyHint": None, "openWorldHint": None, "idempotentHint": None}
+    call = {"name": name, "args": args, "annotations": hints, "metadata": {}, "tags": []}
+    probabilities = {"destructive": [1 - destructive, destructive], "requested": [1 - requested, requested],
+                     "scope": [float(level == scope) for level in range(4)]}
+    answers = {qid: build_answer(q, probabilities[qid])
+               for qid, q in zip(policy.questions, parse_questions(policy.questions), strict=True)}
+    bound = cel_variables(policy, answers, call, {})
+    written_out = {key: value for key, value in bound.items() if key != "facts"}
+    if all(isinstance(v, str) for k, v in args.items() if k in ("command", "query")):
+        assert "facts" in bound
+    if (name, command, query, hint) == ("shell", 42, "SELECT 1", None):  # no side of known_destructive holds: it fails
+        assert "facts" not in bound
+    (index, failure), (expected, expected_failure) = first_deciding(policy, bound), first_deciding(policy, written_out)
+    assert index == expected and (failure is None) == (expected_failure is None)
 
 
 def test_files_and_folders_load_and_names_must_be_unique(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def first_deciding(policy: Policy, variables: Mapping[str, Any]) -> tuple[int, E
 def _holds(rule: CompiledRule, variables: Mapping[str, Any]) -> bool | Exception:
     """Whether ``rule`` holds on ``variables``, or why it cannot be evaluated."""
     try:
-        return rule.program.execute(variables) is True
+        return rule.program_for(variables).execute(variables) is True
     except Exception as exc:
         return exc
 
@@ -223,8 +223,9 @@ def cel_variables(
     context: Mapping[str, Any],
     flow: Mapping[str, Any] = EMPTY_FLOW,
 ) -> dict[str, Any]:
-    """The variables a rule's CEL condition sees."""
-    return {
+    """The variables a rule's CEL condition sees, with the call's facts where the policy has any
+    and they evaluate (:meth:`Policy.fact_values`)."""
+    variables = {
         "answers": {qid: cel_value(answer) for qid, answer in answers.items()},
         "thresholds": dict(policy.thresholds),
         "tool": dict(call),
@@ -232,6 +233,8 @@ def cel_variables(
         "history": list(flow["history"]),
         "labels": list(flow["labels"]),
     }
+    facts = policy.fact_values(variables)
+    return variables if facts is None else {**variables, "facts": facts}
 
 
 @dataclass(frozen=True)

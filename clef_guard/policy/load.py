@@ -71,6 +71,13 @@ class CompiledRule:
     """The questions ``when`` reads, by name (``answers.x`` or ``answers["x"]``); ``None`` when it
     reads the answers map itself (``has(answers.x)``, ``answers.size()``, ...): then every
     question must be answered before it can be evaluated."""
+    with_facts: Any = field(default=None, repr=False)
+    """``when`` compiled to read the facts it names from a ``facts`` variable (the call's facts, worked
+    out once: :meth:`Policy.fact_values`) instead of written out in it; ``None`` when it names none."""
+
+    def program_for(self, variables: Mapping[str, Any]) -> Any:
+        """The program to run on ``variables``: the one reading ``facts`` where they hold the call's facts."""
+        return self.with_facts if self.with_facts is not None and "facts" in variables else self.program
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,18 @@ class Policy:
     screens: dict[str, str] = field(default_factory=dict)
     """Questions a screen answers in the gate's process (question id -> screen name), not the engine."""
     _applies_program: Any = field(default=None, repr=False)
+    _fact_programs: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+
+    def fact_values(self, variables: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Each fact's value on a call's ``variables``, worked out once for all the rules that read it;
+        ``None`` where the policy has none or one cannot be evaluated (the rules then work their facts
+        out inside their own conditions, as written out, so an error reads as it always did)."""
+        if not self._fact_programs:
+            return None
+        try:
+            return {name: program.execute(variables) for name, program in self._fact_programs}
+        except Exception:  # e.g. a string method on a number: leave it to each rule, where CEL may absorb it
+            return None
 
     def matches(
         self,
@@ -231,7 +250,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         if spec.applies_to.phase != "after_tool" or not spec.state.tool_result:
             raise where.error("a screen reads the tool result: the policy needs applies_to.phase: after_tool and "
                               "state.tool_result: true", ["screens", qid])
-    facts = _facts(spec, where)
+    facts, fact_programs = _facts(spec, where)
     applies_program = None
     if spec.applies_to.when is not None:
         if found := re.search(r"\b(answers|thresholds)\b", spec.applies_to.when):
@@ -248,6 +267,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
             rule.id, rule.then, rule.message, rule.when,
             _compile(_expand(rule.when, facts, ["rules", i, "when"], where), ["rules", i, "when"], where, spec),
             answers_read(rule.when, spec.questions),
+            cel.compile(rule.when) if _FACT.search(rule.when) else None,
         )
         for i, rule in enumerate(spec.rules)
     )
@@ -271,6 +291,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         labels=labels,
         screens=dict(spec.screens),
         _applies_program=applies_program,
+        _fact_programs=tuple(fact_programs.items()),
     )
 
 
@@ -299,9 +320,10 @@ def _compile_label(label: LabelRule, index: int, where: Locator, spec: PolicyFil
 _FACT = re.compile(r"\bfacts\s*\.\s*([A-Za-z_]\w*)")
 
 
-def _facts(spec: PolicyFile, where: Locator) -> dict[str, str]:
-    """Each fact's CEL, with the facts it names written out; each compiled and dry-run on its own."""
+def _facts(spec: PolicyFile, where: Locator) -> tuple[dict[str, str], dict[str, Any]]:
+    """Each fact's CEL, with the facts it names written out, and its program (compiled and dry-run on its own)."""
     facts: dict[str, str] = {}
+    programs: dict[str, Any] = {}
     for name, expression in spec.facts.items():
         path = ["facts", name]
         if found := re.search(r"\b(answers|thresholds)\b", expression):
@@ -312,8 +334,8 @@ def _facts(spec: PolicyFile, where: Locator) -> dict[str, str]:
                 snippet=found.group(0),
             )
         facts[name] = _expand(expression, facts, path, where)
-        _compile(facts[name], path, where, spec)
-    return facts
+        programs[name] = _compile(facts[name], path, where, spec)
+    return facts, programs
 
 
 def _expand(expression: str, facts: Mapping[str, str], path: list[Any], where: Locator) -> str:
