@@ -90,7 +90,7 @@ def test_a_readout_learns_the_old_rows_of_its_question_beside_the_new_ones() -> 
 def test_a_fit_reports_how_its_readout_reads_tools_it_was_not_fitted_on() -> None:
     """Each of four tools' rows is decided by a feature of its own (a template the readout can fit but that
     says nothing about another tool); the head is mildly right everywhere. Out of fold by row the readout
-    beats the head and is adopted; with each tool held out it reads worse than the head, and the fit says so."""
+    beats the head and is adopted; with each tool held out it reads worse than even odds, and the fit says so."""
     generator = torch.Generator().manual_seed(0)
     rows, tools = [], []
     for n in range(160):
@@ -107,7 +107,8 @@ def test_a_fit_reports_how_its_readout_reads_tools_it_was_not_fitted_on() -> Non
     (fit,) = fit_readouts(head, rows, tools=tools)
     assert fit.adopted and fit.log_loss < fit.head_log_loss - 0.1 and head.readout("q") is not None
     assert fit.tools == 4 and fit.unseen_log_loss is not None and fit.unseen_log_loss > fit.head_log_loss + 0.2
-    assert (plain.tools, plain.unseen_log_loss) == (0, None)
+    assert fit.worse_than_even_odds_on_new_tools  # worse than answering 50/50
+    assert (plain.tools, plain.unseen_log_loss, plain.worse_than_even_odds_on_new_tools) == (0, None, False)
     assert (plain.strength, plain.temperature, plain.log_loss) == (fit.strength, fit.temperature, fit.log_loss)  # nothing else moves
     (one,) = fit_readouts(DecisionHead(WIDTH), rows, tools=["tool_0"] * len(rows))
     assert (one.tools, one.unseen_log_loss) == (1, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +54,7 @@ from clef_guard.training.features import (
 )
 from clef_guard.training.fit import WARM_ANCHOR, WARM_MEMBERS, TrainConfig, calibrate_head, predict, train_head, trained_questions
 from clef_guard.training.lora import AdapterConfig, train_adapter
-from clef_guard.training.readout import MIN_READOUT_ROWS, fit_readouts, held_out
+from clef_guard.training.readout import MIN_READOUT_ROWS, ReadoutFit, fit_readouts, held_out
 from clef_guard.training.injection_lines import injection_lines
 from clef_guard.training.screen import ScreenConfig, dev_thresholds, train_screen
 from clef_guard.training.suggest import PER_OPTION, suggest_examples, suggestions_yaml
@@ -550,7 +551,11 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
         "split": args.split,
         "n": len(features),
         "readouts": [
-            asdict(fit) | {"key": fit.question, "question": wanted.get(fit.question) or question_text(asked[fit.question])} for fit in fits
+            asdict(fit) | {
+                "key": fit.question, "question": wanted.get(fit.question) or question_text(asked[fit.question]),
+                "worse_than_even_odds_on_new_tools": fit.worse_than_even_odds_on_new_tools,
+            }
+            for fit in fits
         ],
         "seconds": round(time.perf_counter() - started, 1),
         "out": str(args.out / HEAD_FILE),
@@ -559,29 +564,29 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        _readouts_table(report, console)
+        _readouts_table(report, fits, console)
     return 0
 
 
-def _readouts_table(report: dict[str, Any], console: Console) -> None:
+def _readouts_table(report: dict[str, Any], fits: list[ReadoutFit], console: Console) -> None:
     """One row a question: what its readout was fitted on, its log-losses against the head's, and whether it was adopted."""
     table = Table(title=f"readouts fitted on {report['n']} rows, written to {report['out']} ({report['seconds']} s)")
     for column in ("question", "answers", "tools", "L2", "temperature", "log-loss, rows held out", "tools held out", "head's", "adopted"):
         table.add_column(column, justify="left" if column == "question" else "right")
-    worse = []
-    for fit in report["readouts"]:
-        unseen = fit["unseen_log_loss"]
-        if fit["adopted"] and unseen is not None and unseen > fit["head_log_loss"]:
-            worse.append(fit["question"])
+    names = {entry["key"]: entry["question"] for entry in report["readouts"]}
+    for fit in fits:
+        unseen = fit.unseen_log_loss
         table.add_row(
-            fit["question"], str(fit["rows"]), str(fit["tools"]), f"{fit['strength']:g}", f"{fit['temperature']:.2f}",
-            f"{fit['log_loss']:.3f}", "-" if unseen is None else f"{unseen:.3f}", f"{fit['head_log_loss']:.3f}",
-            "yes" if fit["adopted"] else "no",
+            names[fit.question], str(fit.rows), str(fit.tools), f"{fit.strength:g}", f"{fit.temperature:.2f}",
+            f"{fit.log_loss:.3f}", "-" if unseen is None else f"{unseen:.3f}", f"{fit.head_log_loss:.3f}",
+            "yes" if fit.adopted else "no",
         )
     console.print(table)
-    for question in worse:
-        console.print(f"[yellow]{question}: adopted, but with each tool held out it reads worse than the head: "
-                      "check it at the gate on tools of your own before you ship it[/yellow]")
+    for fit in fits:
+        if fit.adopted and fit.worse_than_even_odds_on_new_tools:
+            console.print(f"[yellow]{names[fit.question]}: adopted, but with each tool held out it reads worse than even odds "
+                          f"({fit.unseen_log_loss:.3f} > {math.log(fit.options):.3f}): it may fit each tool's rows, not the question; "
+                          "check it at the gate on tools of your own before you ship it[/yellow]")
 
 
 def _question_temperatures(questions: list[Question], features: list[Features], temperatures: dict[str, float]) -> list[dict[str, Any]]:

@@ -13,15 +13,15 @@ the head, untouched.
 
 Where rows name the tool their call uses, the fit also reports the readout's log-loss with
 each tool's rows held out together: how it reads tools it was not fitted on, which is what a
-user's own tools are. Folds by row judge it on near copies of its training rows; on the
-generated policy rows, the readouts that read worse than the head on unseen tools were the
-ones that let more unasked calls through at the gate (docs/results.md), so the figure is
-reported beside each fit rather than left to the row folds alone.
+user's own tools are. Folds by row judge it on near copies of its training rows, so a readout
+that fits a template of each tool looks sure and right there; held out by tool, it reads worse
+than even odds (docs/results.md#readouts-for-the-destructive-policy).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +54,8 @@ class ReadoutFit:
     """Old rows of the question it was fitted on beside them."""
     tools: int
     """Tools its answers' calls name (held out one group at a time for :attr:`unseen_log_loss`)."""
+    options: int
+    """The question's options (even odds over them: a log-loss of ``log(options)``)."""
     strength: float
     temperature: float
     log_loss: float
@@ -64,6 +66,11 @@ class ReadoutFit:
     unseen_log_loss: float | None = None
     """Out-of-fold log-loss at the same strength and temperature with each tool's rows held out
     together (folds of whole tools); ``None`` where the answers name fewer than two tools."""
+
+    @property
+    def worse_than_even_odds_on_new_tools(self) -> bool:
+        """Whether, with each tool held out, it reads worse than answering every option alike."""
+        return self.unseen_log_loss is not None and self.unseen_log_loss > math.log(self.options)
 
 
 def fit_readouts(
@@ -124,7 +131,7 @@ def fit_readouts(
             readout = Readout(weight / temperature, bias / temperature, seen, torch.softmax(out_of_fold / temperature, dim=-1))
         head.set_readout(key, readout if adopted else None)
         named = len({t for t in tool_of[key] if t is not None})
-        fits.append(ReadoutFit(key, new[key], old, named, strength, temperature, log_loss, head_log_loss, adopted, unseen))
+        fits.append(ReadoutFit(key, new[key], old, named, x.shape[1], strength, temperature, log_loss, head_log_loss, adopted, unseen))
     return fits
 
 
