@@ -67,6 +67,7 @@ def test_a_question_the_calls_facts_settle_is_not_asked() -> None:
     policy = load_policies("destructive-actions")[0]
     for call, relevant in [
         ({"name": "delete_file", "args": {"path": "notes/a.md"}}, ("requested", "scope")),  # destructive by its name
+        ({"name": "remove_label", "args": {"issue": 7, "label": "bug"}}, ("requested", "scope")),
         ({"name": "run_sql", "args": {"query": "DELETE FROM t WHERE id = 1"}}, ("requested", "scope")),
         ({"name": "move_file", "args": {"source": "a", "target": "b"}}, ("destructive", "requested", "scope")),
         ({"name": "shell", "args": {"command": "rm -rf /"}}, ()),  # a rule over the call alone denies
