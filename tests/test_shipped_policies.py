@@ -84,7 +84,8 @@ def _harmless_destructive_guard() -> Guard:
 @pytest.mark.parametrize(
     ("tool", "action"),
     [("drop_index", "confirm"), ("delete_webhook", "confirm"), ("truncate_logs", "confirm"), ("purge_queue", "confirm"),
-     ("destroy_vm", "confirm"), ("erase_record", "confirm"), ("wipe_cache", "confirm"), ("remove_object", "allow")],
+     ("destroy_vm", "confirm"), ("erase_record", "confirm"), ("wipe_cache", "confirm"), ("remove_object", "confirm"),
+     ("move_object", "allow")],
 )
 def test_a_tool_named_to_destroy_is_destructive_whatever_the_model_says(tool: str, action: str) -> None:
     """Such a call still needs the user's request when the model reads it as harmless (on new tools the shipped
