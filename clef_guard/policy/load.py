@@ -118,6 +118,8 @@ class Policy:
     """Questions a screen answers in the gate's process (question id -> screen name), not the engine."""
     _applies_program: Any = field(default=None, repr=False)
     _fact_programs: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+    """The facts' programs, where a rule reads a fact (facts only ``applies_to.when`` or a label rule
+    reads are worked out where they are written out, so a call does not pay for them twice)."""
 
     def fact_values(self, variables: Mapping[str, Any]) -> dict[str, Any] | None:
         """Each fact's value on a call's ``variables``, worked out once for all the rules that read it;
@@ -291,7 +293,7 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
         labels=labels,
         screens=dict(spec.screens),
         _applies_program=applies_program,
-        _fact_programs=tuple(fact_programs.items()),
+        _fact_programs=tuple(fact_programs.items()) if any(rule.with_facts is not None for rule in rules) else (),
     )
 
 
