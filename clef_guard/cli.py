@@ -77,12 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--max-body-bytes", type=int, default=None, help="larger request bodies get 413")
     serve.add_argument("--request-timeout-s", type=float, default=None, help="requests not answered by then get 504")
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(emoji=False)  # ":name:" in a message, a question key or a state is text, not an emoji
     if args.command in training_cli.COMMANDS:
         try:
             return training_cli.run(args, console)
         except ClefGuardError as exc:
-            Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+            Console(stderr=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             return 2
     if args.command == "lint":
         return _lint(args.paths, console)
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _serve(args, console) if args.command == "serve" else _explain(args, console)
     except ClefGuardError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        Console(stderr=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
 
 
@@ -103,10 +103,10 @@ def _lint(paths: list[Path], console: Console) -> int:
             policy = load_policy(file)
         except PolicyError as exc:
             errors += 1
-            console.print(f"[red]✗[/red] {exc}", highlight=False, soft_wrap=True)
+            console.print(f"[red]✗[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         except Exception as exc:  # one unreadable file must not stop the others from being linted
             errors += 1
-            console.print(f"[red]✗[/red] {file}: cannot be read: {type(exc).__name__}: {exc}", highlight=False, soft_wrap=True)
+            console.print(f"[red]✗[/red] {file}: cannot be read: {type(exc).__name__}: {escape(str(exc))}", highlight=False, soft_wrap=True)
         else:
             console.print(f"[green]✓[/green] {file}: {policy.name} ({len(policy.questions)} questions, {len(policy.rules)} rules)", highlight=False)
     if not files:
@@ -119,7 +119,7 @@ def _summarize(files: list[Path], as_json: bool, console: Console) -> int:
     try:
         records = read_records(files)
     except (OSError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]error:[/red] cannot read the audit log: {exc}", highlight=False)
+        Console(stderr=True, emoji=False).print(f"[red]error:[/red] cannot read the audit log: {escape(str(exc))}", highlight=False)
         return 2
     rows, shadow = summarize(records), shadow_summary(records)
     if as_json:
@@ -198,9 +198,9 @@ def _print_flow(console: Console, used: dict[str, Any]) -> None:
     console.print(f"rules reading the thread: {', '.join(used['rules']) or '-'}")
     console.print(f"thread labels: {used['labels'] or '-'}   carried by this call's arguments: {used['call_labels'] or '-'}")
     for source in used["sources"]:
-        console.print(f"  {', '.join(source['labels'])} from {source['tool']} (call {source['id']}, {source['turns_ago']} turns ago)")
+        console.print(escape(f"  {', '.join(source['labels'])} from {source['tool']} (call {source['id']}, {source['turns_ago']} turns ago)"))
     for entry in used["history"]:
-        console.print(f"  history: {entry['name']} -> {entry['verdict']} {entry['labels'] or ''} ({entry['turns_ago']} turns ago)")
+        console.print(escape(f"  history: {entry['name']} -> {entry['verdict']} {entry['labels'] or ''} ({entry['turns_ago']} turns ago)"))
     if used["result_labels"]:
         console.print(f"labels attached to this result: {used['result_labels']}")
 
@@ -259,7 +259,7 @@ def _print_explanation(console: Console, policy: Policy, verdict: Verdict, trace
     by = f"rule {verdict.rule}" if verdict.rule else "the policy's default"
     console.print(f"verdict: [bold {colour}]{verdict.action}[/bold {colour}] by {by}: {verdict.message or '-'}  ({verdict.latency_ms:.0f} ms)")
     if verdict.error:
-        console.print(f"[red]error:[/red] {verdict.error}")
+        console.print(f"[red]error:[/red] {escape(verdict.error)}")
 
 
 def _print_answers(console: Console, policy: Policy, decision: PolicyDecision, familiar: dict[str, float]) -> None:

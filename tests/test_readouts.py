@@ -114,6 +114,37 @@ def test_a_fit_reports_how_its_readout_reads_tools_it_was_not_fitted_on() -> Non
     assert (one.tools, one.unseen_log_loss) == (1, None)
 
 
+def _noisy(n: int, *, seed: int) -> list[Features]:
+    """Yes mostly where the 'yes' option's first feature is positive: a quarter of the rows' answers say otherwise."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        hidden = torch.randn(2, WIDTH, generator=generator)
+        label = int(hidden[1, 0] + torch.randn(1, generator=generator).item() > 0)
+        rows.append(Features("noul", hidden, torch.zeros(2), label, question="q"))
+    return rows
+
+
+def test_a_readout_whose_yes_rows_count_three_times_misses_fewer_yes_answers_on_new_rows() -> None:
+    """Where reading a "yes" as "no" costs more (a destroying call let run), its rows count more: on fresh
+    rows the weighted readout reads fewer "yes" rows as "no" than the plain one, at the cost of more "no"
+    rows read as "yes"; and the weights are checked and reported."""
+    rows, fresh = _noisy(300, seed=0), _noisy(2000, seed=1)
+    plain, weighed = DecisionHead(WIDTH), DecisionHead(WIDTH)
+    (as_is,) = fit_readouts(plain, rows)
+    (fit,) = fit_readouts(weighed, rows, option_weights={"q": [1.0, 3.0]})
+    assert as_is.adopted and fit.adopted and (as_is.option_weights, fit.option_weights) == (None, (1.0, 3.0))
+
+    def misses(head: DecisionHead, label: int) -> int:
+        return sum(int(p.argmax()) != label for p, f in zip(predict(head, fresh), fresh, strict=True) if f.label == label)
+
+    assert misses(weighed, 1) < 0.6 * misses(plain, 1) and misses(weighed, 0) > misses(plain, 0)
+    with pytest.raises(ValueError, match="'q' has 2 options, 3 option weights"):
+        fit_readouts(DecisionHead(WIDTH), rows, option_weights={"q": [1.0, 1.0, 2.0]})
+    with pytest.raises(ValueError, match="must be positive"):
+        fit_readouts(DecisionHead(WIDTH), rows, option_weights={"q": [1.0, 0.0]})
+
+
 def test_thresholds_read_the_rows_a_readout_learned_from_as_it_read_them_out_of_fold() -> None:
     head = DecisionHead(WIDTH)
     learned, fresh = _rows(60, "new", seed=0, head_right=False), _rows(40, "new", seed=1, head_right=False)
@@ -213,6 +244,12 @@ def test_fit_readouts_adds_readouts_to_a_head_and_changes_nothing_else(
     assert "write POLICY:QUESTION naming a question of the policy" in " ".join(capsys.readouterr().err.split())
     assert main(["fit-readouts", *common, "--out", str(out), "--question", "destructive-actions:requested"]) == 2
     assert "destructive-actions:requested: no row asks it" in " ".join(capsys.readouterr().err.split())
+    for spec, said in (("destructive-actions:destructive:maybe=2", "'destructive' has no option 'maybe' (its options: no, yes)"),
+                       ("destructive-actions:destructive:yes=0", "the weight after '=' must be a positive number"),
+                       ("destructive-actions:destructive:yes=many", "the weight after '=' must be a positive number"),
+                       ("destructive-actions:nope:yes=2", "write POLICY:QUESTION:OPTION=W naming a question")):
+        assert main(["fit-readouts", *common, "--out", str(out), "--weigh", spec]) == 2
+        assert said in " ".join(capsys.readouterr().err.split())
 
 
 def test_the_shipped_head_reads_the_destructive_policys_requested_and_scope_by_readouts_keyed_as_the_policy_asks_them() -> None:

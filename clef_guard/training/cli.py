@@ -24,12 +24,13 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+from rich.markup import escape
 from rich.table import Table
 
 from clef_guard.engine.encoder import load_encoder
 from clef_guard.engine.head import HEAD_FILE, HIDDEN_WIDTH, READINGS, DecisionHead
 from clef_guard.engine.local import DEFAULT_HEAD, LocalDecisionModel
-from clef_guard.engine.requests import parse_questions
+from clef_guard.engine.requests import ParsedQuestion, parse_questions
 from clef_guard.engine.screen import Screen
 from clef_guard.engine.tree import OptionFeatures
 from clef_guard.errors import ClefGuardError
@@ -168,6 +169,11 @@ def add_commands(commands: Any) -> None:
     readouts.add_argument(
         "--question", action="append", default=[], metavar="POLICY:QUESTION",
         help=f"fit only this policy question's readout (repeat; default: every question the rows ask {MIN_READOUT_ROWS} times or more)",
+    )
+    readouts.add_argument(
+        "--weigh", action="append", default=[], metavar="POLICY:QUESTION:OPTION=W",
+        help="count the question's rows answered OPTION W times in its readout's fit (repeat): a miss of that answer "
+        "costs W times as much, e.g. destructive-actions:destructive:yes=2",
     )
     readouts.add_argument("--out", type=Path, required=True, help="folder for decision_head.safetensors and the report")
     screen = commands.add_parser("train-screen", help="train the prompt-injection screen (LoRA on the sentence encoder, per line)")
@@ -517,12 +523,39 @@ def _yes_threshold(
 def _question_key(flag: str, spec: str, policy_name: str, qid: str, form: str, *, kind: str | None = None) -> str:
     """The key of the question ``qid`` of the policy ``policy_name`` (a file or a built-in name), which must be
     of ``kind`` when one is given; a :class:`ClefGuardError` quoting ``flag`` and ``spec`` (written as ``form``) otherwise."""
+    return _policy_question(flag, spec, policy_name, qid, form, kind=kind).key
+
+
+def _policy_question(flag: str, spec: str, policy_name: str, qid: str, form: str, *, kind: str | None = None) -> ParsedQuestion:
+    """The question ``qid`` of the policy ``policy_name``, as :func:`_question_key` finds it."""
     (policy,) = load_policies(policy_name) if policy_name else (None,)
     question = policy.questions.get(qid) if policy and qid else None
     if question is None or (kind is not None and question.type != kind):
         what = "a yes/no question" if kind == "noul" else "a question"
         raise ClefGuardError(f"{flag} {spec!r}: write {form} naming {what} of the policy")
-    return parse_questions({"q": question})[0].key
+    return parse_questions({"q": question})[0]
+
+
+def _option_weights(specs: list[str]) -> dict[str, list[float]]:
+    """``--weigh POLICY:QUESTION:OPTION=W`` flags as a question's key -> one weight per option (1 where not named)."""
+    form = "POLICY:QUESTION:OPTION=W"
+    weights: dict[str, list[float]] = {}
+    for spec in specs:
+        named, _, count = spec.rpartition("=")
+        policy_name, _, rest = named.partition(":")
+        qid, _, option = rest.rpartition(":")
+        question = _policy_question("--weigh", spec, policy_name, qid, form)
+        try:
+            weight = float(count)
+        except ValueError:
+            weight = math.nan
+        if not weight > 0 or math.isinf(weight):
+            raise ClefGuardError(f"--weigh {spec!r}: the weight after '=' must be a positive number")
+        if option not in question.options:
+            raise ClefGuardError(f"--weigh {spec!r}: {qid!r} has no option {option!r} (its options: {', '.join(question.options)})")
+        row = weights.setdefault(question.key, [1.0] * len(question.options))
+        row[list(question.options).index(option)] = weight
+    return weights
 
 
 def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
@@ -531,6 +564,7 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
         _question_key("--question", spec, spec.partition(":")[0], spec.partition(":")[2], "POLICY:QUESTION"): spec
         for spec in args.question
     }
+    option_weights = _option_weights(args.weigh)
     path = DEFAULT_HEAD if args.head == "default" else Path(args.head)
     engine = _engine(args, str(path))  # reads at the head's depth
     judge = DecisionHead.load(path, engine.backbone.hidden_size)
@@ -541,7 +575,7 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
     if absent := [spec for key, spec in wanted.items() if key not in asked]:
         raise ClefGuardError(f"--question {', '.join(absent)}: no row asks it")
     head = copy.deepcopy(judge)
-    fits = fit_readouts(head, features, judge=judge, tools=tools)
+    fits = fit_readouts(head, features, judge=judge, tools=tools, option_weights=option_weights)
     args.out.mkdir(parents=True, exist_ok=True)
     head.save(args.out / HEAD_FILE)
     report = {
@@ -573,7 +607,7 @@ def _readouts_table(report: dict[str, Any], fits: list[ReadoutFit], console: Con
     table = Table(title=f"readouts fitted on {report['n']} rows, written to {report['out']} ({report['seconds']} s)")
     for column in ("question", "answers", "tools", "L2", "temperature", "log-loss, rows held out", "tools held out", "head's", "adopted"):
         table.add_column(column, justify="left" if column == "question" else "right")
-    names = {entry["key"]: entry["question"] for entry in report["readouts"]}
+    names = {entry["key"]: escape(entry["question"]) for entry in report["readouts"]}  # words of the data: text, not markup
     for fit in fits:
         unseen = fit.unseen_log_loss
         table.add_row(
@@ -653,7 +687,7 @@ def _eval(args: argparse.Namespace, console: Console) -> int:
             for column in ("n", "accuracy", "ece"):
                 table.add_column(column, justify="right")
             for q in r["questions"]:
-                table.add_row(q["question"], str(q["n"]), f"{q['accuracy']:.4f}", f"{q['ece']:.4f}")
+                table.add_row(escape(q["question"]), str(q["n"]), f"{q['accuracy']:.4f}", f"{q['ece']:.4f}")
             console.print(table)
     return 0
 

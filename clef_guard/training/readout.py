@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +66,9 @@ class ReadoutFit:
     unseen_log_loss: float | None = None
     """Out-of-fold log-loss at the same strength and temperature with each tool's rows held out
     together (folds of whole tools); ``None`` where the answers name fewer than two tools."""
+    option_weights: tuple[float, ...] | None = None
+    """How many times a row counted, by its answer's option (``None``: each once); every log-loss
+    here is weighted by them, the head's too."""
 
     @property
     def worse_than_even_odds_on_new_tools(self) -> bool:
@@ -80,6 +83,7 @@ def fit_readouts(
     judge: DecisionHead | None = None,
     replayed: Sequence[Features] = (),
     tools: Sequence[str | None] | None = None,
+    option_weights: Mapping[str, Sequence[float]] | None = None,
 ) -> list[ReadoutFit]:
     """Fit a readout for each question of at most :data:`MAX_READOUT_OPTIONS` options that ``answers``
     ask :data:`MIN_READOUT_ROWS` times or more (two options among them at least), on those answers
@@ -90,8 +94,18 @@ def fit_readouts(
     kept. Features are standardized as ``head`` reads them.
 
     ``tools`` (one per answer: the tool its call names, ``None`` where unknown) adds each fit's
-    :attr:`~ReadoutFit.unseen_log_loss`; it changes nothing that is fitted or adopted."""
+    :attr:`~ReadoutFit.unseen_log_loss`; it changes nothing that is fitted or adopted.
+
+    ``option_weights`` (a question's key -> one weight per option) counts each of that question's
+    rows as many times as its answer's option says, in the fit, the choice of strength and the
+    adoption: where one miss costs more than the other (a destroying call read as harmless lets it
+    run; a harmless one read as destroying asks a person), the readout leans away from the costly
+    one. Its probabilities then carry that lean: they are not calibrated to the rows' own odds."""
     judge = judge if judge is not None else head
+    option_weights = dict(option_weights or {})
+    for key, weighed in option_weights.items():
+        if any(not w > 0 for w in weighed):
+            raise ValueError(f"question {key!r}: option weights must be positive, got {list(weighed)}")
     if tools is not None and len(tools) != len(answers):
         raise ValueError(f"{len(tools)} tools for {len(answers)} answers")
     by_question: dict[str, list[Features]] = {}
@@ -115,6 +129,11 @@ def fit_readouts(
         labels = torch.tensor([r.label for r in rows])
         old = len(rows) - new[key]  # the old rows weigh as much in all as the new ones
         weights = torch.tensor([1.0] * new[key] + [new[key] / old if old else 1.0] * old)
+        weighed = option_weights.get(key)
+        if weighed is not None:
+            if len(weighed) != x.shape[1]:
+                raise ValueError(f"question {key!r} has {x.shape[1]} options, {len(weighed)} option weights given")
+            weights = weights * torch.tensor(weighed, dtype=weights.dtype)[labels]
         baseline = torch.stack(predict(judge, rows, readouts=False)).float().cpu()
         strength, out_of_fold = _cross_validate(x, labels, weights, _row_folds(len(rows)))
         temperature = fit_temperature(list(out_of_fold), labels.tolist())
@@ -131,7 +150,10 @@ def fit_readouts(
             readout = Readout(weight / temperature, bias / temperature, seen, torch.softmax(out_of_fold / temperature, dim=-1))
         head.set_readout(key, readout if adopted else None)
         named = len({t for t in tool_of[key] if t is not None})
-        fits.append(ReadoutFit(key, new[key], old, named, x.shape[1], strength, temperature, log_loss, head_log_loss, adopted, unseen))
+        fits.append(ReadoutFit(
+            key, new[key], old, named, x.shape[1], strength, temperature, log_loss, head_log_loss, adopted, unseen,
+            tuple(float(w) for w in weighed) if weighed is not None else None,
+        ))
     return fits
 
 
