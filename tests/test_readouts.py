@@ -239,6 +239,11 @@ def test_fit_readouts_adds_readouts_to_a_head_and_changes_nothing_else(
     written = load_file(out / HEAD_FILE)
     assert all(torch.equal(written[name], value) for name, value in load_file(DEFAULT_HEAD).items())  # its readouts too
     capsys.readouterr()
+    assert main(["fit-readouts", "--data", str(log), "--features", str(tmp_path / "cache"), "--out", str(tmp_path / "again")]) == 0
+    printed = capsys.readouterr().out  # the table fits an 80-column log: every column is there, the row's figures whole
+    assert all(column in printed for column in ("by row", "by tool", "head", "kept"))
+    row = next(line for line in printed.splitlines() if f"{fit['log_loss']:.3f}" in line)
+    assert f"{fit['head_log_loss']:.3f}" in row and row.rstrip(" │").endswith("yes" if fit["adopted"] else "no")
 
     assert main(["fit-readouts", *common, "--out", str(out), "--question", "destructive-actions:nope"]) == 2
     assert "write POLICY:QUESTION naming a question of the policy" in " ".join(capsys.readouterr().err.split())

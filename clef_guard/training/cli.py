@@ -605,15 +605,17 @@ def _fit_readouts(args: argparse.Namespace, console: Console) -> int:
 def _readouts_table(report: dict[str, Any], fits: list[ReadoutFit], console: Console) -> None:
     """One row a question: what its readout was fitted on, its log-losses against the head's, and whether it was adopted."""
     table = Table(title=f"readouts fitted on {report['n']} rows, written to {report['out']} ({report['seconds']} s)")
-    for column in ("question", "answers", "tools", "L2", "temperature", "log-loss, rows held out", "tools held out", "head's", "adopted"):
-        table.add_column(column, justify="left" if column == "question" else "right")
+    table.add_column("question", overflow="fold", min_width=20)  # a log is as narrow as 80 columns: keep the question readable
+    for column in ("rows", "tools", "by row", "by tool", "head", "kept"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.caption = ("log-loss out of fold (after each fit's temperature), rows held out at random (by row) or each tool's "
+                     "together (by tool), beside the head's on the same rows; kept: adopted; L2 and temperature in --json")
     names = {entry["key"]: escape(entry["question"]) for entry in report["readouts"]}  # words of the data: text, not markup
     for fit in fits:
         unseen = fit.unseen_log_loss
         table.add_row(
-            names[fit.question], str(fit.rows), str(fit.tools), f"{fit.strength:g}", f"{fit.temperature:.2f}",
-            f"{fit.log_loss:.3f}", "-" if unseen is None else f"{unseen:.3f}", f"{fit.head_log_loss:.3f}",
-            "yes" if fit.adopted else "no",
+            names[fit.question], str(fit.rows), str(fit.tools), f"{fit.log_loss:.3f}", "-" if unseen is None else f"{unseen:.3f}",
+            f"{fit.head_log_loss:.3f}", "yes" if fit.adopted else "no",
         )
     console.print(table)
     for fit in fits:
