@@ -45,12 +45,14 @@ default-head: $(STAMP)
 		--split dev --target-error 0.05 --out build/default-head/calibration.yaml --plot build/default-head/reliability.png
 	$(VENV)/bin/clef-guard fit-readouts --head build/default-head/decision_head.safetensors $(READOUTS) --out build/default-head
 
-# Readouts of their own for two of the destructive policy's questions (`requested`, `scope`), fitted
-# on 2,000 generated policy rows (train split) and added to a head without retraining it; the shipped
-# head's are built by `make policy-readouts`. Which questions get one was decided by the gate's unsafe
-# allows first, then needless stops, on the dev tool families (docs/results.md#readouts-for-the-destructive-policy):
-# readouts for `destructive` and outbound's `external` read more rows right and let more calls through.
-READOUTS := --task policies --limit 2000 --question destructive-actions:requested --question destructive-actions:scope
+# Readouts of their own for two of the destructive policy's questions (`requested`, `scope`) and for
+# outbound's `sensitive`, fitted on 2,000 generated policy rows (train split) and added to a head without
+# retraining it; the shipped head's are built by `make policy-readouts`. Which questions get one was decided
+# by the gate's unsafe allows first, then needless stops, on the dev tool families, then the test families
+# and the red team (docs/results.md#readouts-for-the-destructive-policy): readouts for `destructive` and
+# outbound's `external` read more rows right and let more calls through, or stop more asked-for ones.
+READOUTS := --task policies --limit 2000 --question destructive-actions:requested --question destructive-actions:scope \
+	--question outbound-communication:sensitive
 policy-readouts: $(STAMP)
 	$(VENV)/bin/clef-guard fit-readouts --head default $(READOUTS) --out build/policy-readouts
 	cp build/policy-readouts/decision_head.safetensors clef_guard/heads/default.safetensors

@@ -257,8 +257,12 @@ def test_fit_readouts_adds_readouts_to_a_head_and_changes_nothing_else(
         assert said in " ".join(capsys.readouterr().err.split())
 
 
-def test_the_shipped_head_reads_the_destructive_policys_requested_and_scope_by_readouts_keyed_as_the_policy_asks_them() -> None:
+def test_the_shipped_head_reads_its_readouts_questions_keyed_as_the_policies_ask_them() -> None:
     head = DecisionHead.load(DEFAULT_HEAD, 576)
-    (policy,) = load_policies("destructive-actions")
-    asked = {parse_questions({"q": policy.questions[qid]})[0].key for qid in ("requested", "scope")}
+    asked = {
+        parse_questions({"q": policy.questions[qid]})[0].key
+        for name, qids in (("destructive-actions", ("requested", "scope")), ("outbound-communication", ("sensitive",)))
+        for policy in load_policies(name)
+        for qid in qids
+    }
     assert {name.removeprefix("q") for name in head.readouts} == asked  # a reworded question would lose its readout
