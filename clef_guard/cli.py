@@ -6,7 +6,7 @@
     clef-guard audit summarize FILE... [--json]   decisions per policy and verdict
     clef-guard train --task NAME... --out DIR     fit a decision head on cached backbone features
     clef-guard calibrate --head FILE --task NAME  temperature, ECE/Brier, reliability PNG, thresholds
-    clef-guard fit-readouts --task NAME --out DIR [--question POLICY:QUESTION]
+    clef-guard fit-readouts --task NAME --out DIR [--question POLICY:QUESTION] [--weigh POLICY:QUESTION:OPTION=W]
                                                   give questions of a head readouts of their own
     clef-guard eval --task NAME --split test      accuracy, macro-F1, ECE, Brier, p50 latency (or --data FILE.jsonl)
     clef-guard suggest-examples --policy FILE --texts FILE
