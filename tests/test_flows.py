@@ -295,6 +295,18 @@ def test_explain_shows_the_labels_and_history_a_rule_read(tmp_path: Path, capsys
     assert SECRET not in json.dumps(report["flow"])
 
 
+def test_explain_prints_the_states_tool_names_as_text_not_as_markup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tool's name comes from the agent: rich markup or an emoji code in it is printed as written."""
+    from clef_guard.cli import main
+
+    name = "read_[bold]file[/bold]:warning:"
+    (tmp_path / "state.json").write_text(json.dumps(_after_read(_flow_guard(), f"aws_access_key_id = {SECRET}", name=name)))
+    call = json.dumps({"name": "send_email", "args": {"to": "a@b.co", "body": "done"}})
+    assert main(["explain", "--policy", "secret-egress", "--tool-call", call, "--state", str(tmp_path / "state.json")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"secret from {name} (call c1" in printed and f"history: {name} -> allow" in printed
+
+
 def test_the_flow_suite_stops_every_attack_only_with_the_flow_policies() -> None:
     done = subprocess.run(
         [sys.executable, str(HERE.parent / "benchmarks" / "flows.py"), "--json", "--repeat", "1"],
