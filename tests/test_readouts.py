@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,8 @@ def test_a_readout_whose_yes_rows_count_three_times_misses_fewer_yes_answers_on_
     rows, fresh = _noisy(300, seed=0), _noisy(2000, seed=1)
     plain, weighed = DecisionHead(WIDTH), DecisionHead(WIDTH)
     (as_is,) = fit_readouts(plain, rows)
+    as_read = plain.readout("q")
+    assert as_read is not None
     (fit,) = fit_readouts(weighed, rows, option_weights={"q": [1.0, 3.0]})
     assert as_is.adopted and fit.adopted and (as_is.option_weights, fit.option_weights) == (None, (1.0, 3.0))
 
@@ -140,9 +143,12 @@ def test_a_readout_whose_yes_rows_count_three_times_misses_fewer_yes_answers_on_
 
     assert misses(weighed, 1) < 0.6 * misses(plain, 1) and misses(weighed, 0) > misses(plain, 0)
     with pytest.raises(ValueError, match="'q' has 2 options, 3 option weights"):
-        fit_readouts(DecisionHead(WIDTH), rows, option_weights={"q": [1.0, 1.0, 2.0]})
-    with pytest.raises(ValueError, match="must be positive"):
-        fit_readouts(DecisionHead(WIDTH), rows, option_weights={"q": [1.0, 0.0]})
+        fit_readouts(plain, rows, option_weights={"q": [1.0, 1.0, 2.0]})
+    with pytest.raises(ValueError, match="must be positive and finite"):
+        fit_readouts(plain, rows, option_weights={"q": [1.0, 0.0]})
+    with pytest.raises(ValueError, match="must be positive and finite"):
+        fit_readouts(plain, rows, option_weights={"q": [1.0, math.inf]})
+    assert plain.readout("q") is as_read  # refused before any readout was set: the head is as it was
 
 
 def test_thresholds_read_the_rows_a_readout_learned_from_as_it_read_them_out_of_fold() -> None:

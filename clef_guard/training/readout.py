@@ -104,8 +104,8 @@ def fit_readouts(
     judge = judge if judge is not None else head
     option_weights = dict(option_weights or {})
     for key, weighed in option_weights.items():
-        if any(not w > 0 for w in weighed):
-            raise ValueError(f"question {key!r}: option weights must be positive, got {list(weighed)}")
+        if any(not (w > 0 and math.isfinite(w)) for w in weighed):
+            raise ValueError(f"question {key!r}: option weights must be positive and finite, got {list(weighed)}")
     if tools is not None and len(tools) != len(answers):
         raise ValueError(f"{len(tools)} tools for {len(answers)} answers")
     by_question: dict[str, list[Features]] = {}
@@ -116,6 +116,9 @@ def fit_readouts(
             tool_of.setdefault(item.question, []).append(tool)
     by_question = {key: rows for key, rows in by_question.items() if len(rows) >= MIN_READOUT_ROWS}
     new = {key: len(rows) for key, rows in by_question.items()}
+    for key, weighed in option_weights.items():  # checked before any readout is set: a bad weight leaves the head as it was
+        if key in by_question and {len(weighed)} != (options := {len(r.hidden) for r in by_question[key]}) and len(options) == 1:
+            raise ValueError(f"question {key!r} has {options.pop()} options, {len(weighed)} option weights given")
     for item in replayed:
         if item.question in by_question and item.reading != "wide":
             by_question[item.question].append(item)
@@ -131,8 +134,6 @@ def fit_readouts(
         weights = torch.tensor([1.0] * new[key] + [new[key] / old if old else 1.0] * old)
         weighed = option_weights.get(key)
         if weighed is not None:
-            if len(weighed) != x.shape[1]:
-                raise ValueError(f"question {key!r} has {x.shape[1]} options, {len(weighed)} option weights given")
             weights = weights * torch.tensor(weighed, dtype=weights.dtype)[labels]
         baseline = torch.stack(predict(judge, rows, readouts=False)).float().cpu()
         strength, out_of_fold = _cross_validate(x, labels, weights, _row_folds(len(rows)))
